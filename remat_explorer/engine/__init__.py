@@ -1,0 +1,24 @@
+"""Our own remat: a drop-in ``jax.checkpoint`` built on the ``checkpoint`` primitive.
+
+Modules, in the order a reader might take them:
+
+* ``policies``   - which values a checkpointed block may save.
+* ``split``      - the known/staged split of a block under a policy.
+* ``primitive``  - the ``checkpoint`` primitive and its transformation rules.
+* ``api``        - ``checkpoint`` / ``remat`` / ``checkpoint_name``.
+* ``residuals``  - ``saved_residuals``: what the forward pass keeps, in words.
+* ``_jax_internals`` - the only module that imports JAX's private API.
+"""
+
+from remat_explorer.engine.api import checkpoint, checkpoint_name, remat
+from remat_explorer.engine.policies import (Offloadable, Recompute, Saveable,
+                                            checkpoint_policies)
+from remat_explorer.engine.primitive import checkpoint_p
+from remat_explorer.engine.residuals import print_saved_residuals, saved_residuals
+from remat_explorer.engine.split import Split, split_jaxpr
+
+__all__ = [
+    'checkpoint', 'remat', 'checkpoint_name', 'checkpoint_policies',
+    'saved_residuals', 'print_saved_residuals', 'checkpoint_p',
+    'split_jaxpr', 'Split', 'Saveable', 'Recompute', 'Offloadable',
+]

@@ -1,0 +1,75 @@
+"""Every piece of JAX's private API that the engine relies on, in one place.
+
+A remat primitive has to plug into JAX's interpreters (autodiff, partial
+evaluation, batching, lowering, state discharge), and those live under
+``jax._src``. Keeping every such import here means that moving to a new JAX
+release is a matter of fixing this one file.
+"""
+
+from jax._src import ad_util
+from jax._src import api_util
+from jax._src import config
+from jax._src import core
+from jax._src import dtypes
+from jax._src import effects
+from jax._src import source_info_util
+from jax._src import traceback_util
+from jax._src.ad_checkpoint import name_p as jax_name_p
+from jax._src.ad_checkpoint import remat_p as jax_remat_p
+from jax._src.ad_checkpoint import CheckpointName as JaxHiCheckpointName
+from jax._src.hijax import call_hi_primitive_p
+from jax._src.interpreters import ad
+from jax._src.interpreters import batching
+from jax._src.interpreters import mlir
+from jax._src.interpreters import partial_eval as pe
+from jax._src.lax import convolution as lax_convolution
+from jax._src.lax import lax as lax_internal
+from jax._src.lib.mlir.dialects import hlo
+from jax._src.state import discharge
+from jax._src.state.types import AbstractRef
+from jax._src.traceback_util import api_boundary
+from jax._src.tree_util import FlatTree, broadcast_prefix, tracing_registry
+from jax._src.util import (merge_lists, partition_list, split_list, unzip2,
+                           weakref_lru_cache)
+
+# Primitives that policies and residual reports look at.
+dot_general_p = lax_internal.dot_general_p
+conv_general_dilated_p = lax_convolution.conv_general_dilated_p
+reduce_precision_p = lax_internal.reduce_precision_p
+
+# What a policy may answer besides a bool.
+Saveable = pe.Saveable
+Recompute = pe.Recompute
+Offloadable = pe.Offloadable
+
+
+def hide_frames_of(filename: str) -> None:
+  """Keep `filename` out of user-facing source locations and tracebacks."""
+  source_info_util.register_exclusion(filename)
+  traceback_util.register_exclusion(filename)
+
+
+def log_checkpoint_residuals_enabled() -> bool:
+  return bool(config.log_checkpoint_residuals.value)
+
+
+def checks_enabled() -> bool:
+  return bool(config.enable_checks.value)
+
+
+def effects_remat_disallows(jaxpr_effects):
+  """The subset of `jaxpr_effects` that remat cannot partially evaluate."""
+  return effects.remat_allowed_effects.filter_not_in(jaxpr_effects)
+
+
+def name_of_named_value(eqn) -> str | None:
+  """The checkpoint name an equation attaches to its output, if any."""
+  if eqn.primitive is jax_name_p:
+    return eqn.params['name']
+  if (eqn.primitive is call_hi_primitive_p
+      and isinstance(eqn.params.get('_prim'), JaxHiCheckpointName)):
+    return eqn.params['_prim'].name
+  return None
+
+
+__all__ = [name for name in dir() if not name.startswith('__')]

@@ -1,0 +1,386 @@
+"""The ``checkpoint`` primitive and its transformation rules.
+
+A checkpointed block is staged out as one equation, ``checkpoint``, holding
+the block's jaxpr. Evaluating it just runs the jaxpr; the interesting rules
+are the ones differentiation uses:
+
+* JVP keeps the block a block: the JVP of the body becomes the body of a new
+  ``checkpoint`` equation, so the remat decision is taken later, once we know
+  which values are tangents.
+* Partial evaluation (reverse mode) splits the body with ``split_jaxpr``: the
+  known part runs now and keeps only what the policy allows; the rest is
+  staged as a new ``checkpoint`` equation, marked ``differentiated``, that
+  recomputes what was not kept.
+* Lowering protects a differentiated block's inputs with an optimization
+  barrier, so XLA can neither hoist the recompute into the forward pass nor
+  merge it with the forward computation.
+
+The rules follow the order a value flows through them: bind, impl, abstract
+eval, JVP, partial eval, transpose, vmap, DCE, lowering, state discharge.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from remat_explorer.engine import _jax_internals as jx
+from remat_explorer.engine.residuals import log_residuals
+from remat_explorer.engine.split import split_jaxpr
+
+core, pe, ad, batching, mlir = jx.core, jx.pe, jx.ad, jx.batching, jx.mlir
+
+jx.hide_frames_of(__file__)
+logger = logging.getLogger('remat_explorer.engine')
+
+checkpoint_p = core.Primitive('checkpoint')
+checkpoint_p.multiple_results = True
+
+
+# -- bind ---------------------------------------------------------------------
+
+def _bind(*args, jaxpr, prevent_cse, differentiated, policy):
+  """Bind with the parameters every rule expects.
+
+  `jaxpr` is closed-over-nothing: constants are ordinary leading inputs.
+  `prevent_cse` is a bool, or one bool per input. `differentiated` is True
+  for the staged (backward) copy that recomputes the forward values.
+  """
+  assert not jaxpr.constvars
+  assert isinstance(prevent_cse, bool) or len(prevent_cse) == len(args)
+  return core.Primitive.bind(checkpoint_p, *args, jaxpr=jaxpr,
+                             prevent_cse=prevent_cse,
+                             differentiated=differentiated, policy=policy)
+
+checkpoint_p.bind = _bind
+
+
+# -- impl and abstract eval ---------------------------------------------------
+
+@checkpoint_p.def_impl
+def _impl(*args, jaxpr, prevent_cse, differentiated, policy):
+  del prevent_cse, differentiated, policy  # only matter to transformations
+  return core.eval_jaxpr(jaxpr, (), *args)
+
+
+@checkpoint_p.def_effectful_abstract_eval
+def _abstract_eval(*args, jaxpr, prevent_cse, differentiated, policy):
+  del args, prevent_cse, differentiated, policy
+  return [v.aval for v in jaxpr.outvars], core.positional_effects(jaxpr)
+
+
+# -- JVP ----------------------------------------------------------------------
+
+def _jvp(primals, tangents, *, jaxpr, prevent_cse, differentiated, policy):
+  nonzero = [not isinstance(t, jx.ad_util.Zero) for t in tangents]
+  jvp_closed, out_nonzero = ad.jvp_jaxpr(pe.close_jaxpr(jaxpr), nonzero, False)
+  jvp_jaxpr = pe.convert_constvars_jaxpr(jvp_closed.jaxpr)
+  nonzero_tangents = [t for t, nz in zip(tangents, nonzero) if nz]
+  if isinstance(prevent_cse, tuple):
+    prevent_cse = ((False,) * len(jvp_closed.consts) + prevent_cse
+                   + (True,) * len(nonzero_tangents))
+  outs = checkpoint_p.bind(
+      *jvp_closed.consts, *primals, *nonzero_tangents, jaxpr=jvp_jaxpr,
+      prevent_cse=prevent_cse, differentiated=differentiated, policy=policy)
+  out_primals, out_nonzero_tangents = jx.split_list(outs, [len(jaxpr.outvars)])
+  nonzero_iter = iter(out_nonzero_tangents)
+  out_tangents = [next(nonzero_iter) if nz else jx.ad_util.p2tz(p)
+                  for p, nz in zip(out_primals, out_nonzero)]
+  return out_primals, out_tangents
+
+ad.primitive_jvps[checkpoint_p] = _jvp
+
+
+# -- partial eval: the known/staged split --------------------------------------
+
+def _partial_eval(trace, *tracers, jaxpr, prevent_cse, **params):
+  """Run the known part of the block now; stage the rest for later."""
+  _check_effects_can_be_split(jaxpr)
+  in_unknowns = [not t.is_known() for t in tracers]
+  split = split_jaxpr(jaxpr, in_unknowns, _checked_policy(params['policy']))
+
+  known_values = [t.pval.get_known() for t in tracers if t.pval.is_known()]
+  known_values = [v for v, used in zip(known_values, split.known_inputs_used) if used]
+  known_outs_and_res = core.eval_jaxpr(split.known, (), *known_values)
+  known_outs, residuals = jx.split_list(
+      known_outs_and_res, [len(known_outs_and_res) - split.num_residuals])
+
+  staged_tracers = [t for t, used in zip(tracers, split.staged_inputs_used) if used]
+  in_tracers = ([trace.new_instantiated_const(r) for r in residuals]
+                + [trace.instantiate_const(t) for t in staged_tracers])
+  out_tracers = [pe.JaxprTracer(trace, pe.PartialVal.unknown(v.aval), None)
+                 for v in split.staged.outvars]
+  if isinstance(prevent_cse, tuple):
+    staged_cse = [c for c, used in zip(prevent_cse, split.staged_inputs_used) if used]
+    prevent_cse = (True,) * split.num_residuals + tuple(staged_cse)
+  staged_params = dict(params, jaxpr=split.staged, prevent_cse=prevent_cse,
+                       differentiated=True)
+  recipe = pe.new_eqn_recipe(
+      trace, in_tracers, out_tracers, checkpoint_p, staged_params,
+      core.positional_effects(split.staged), jx.source_info_util.current())
+  for t in out_tracers:
+    t.recipe = recipe
+
+  level = logging.WARNING if jx.log_checkpoint_residuals_enabled() else logging.DEBUG
+  if logger.isEnabledFor(level):
+    staged_unknowns = [u for u, used in zip(in_unknowns, split.staged_inputs_used) if used]
+    log_residuals(level, logger, split, staged_unknowns)
+
+  return jx.merge_lists(list(split.out_unknowns), known_outs, out_tracers)
+
+pe.custom_partial_eval_rules[checkpoint_p] = _partial_eval
+
+
+def _check_effects_can_be_split(jaxpr):
+  disallowed = jx.effects_remat_disallows(jaxpr.effects)
+  if disallowed:
+    raise NotImplementedError(
+        'Effects not supported in partial-eval of `checkpoint`/`remat`: '
+        f'{disallowed}. Move the effectful operation out of the checkpointed '
+        'function, or use an effect that is allowed under remat '
+        '(e.g. jax.debug.callback).')
+
+
+class _CheckedPolicy:
+  """A user's policy, with its failures explained in terms of `policy=`."""
+
+  def __init__(self, policy):
+    self.policy = policy
+
+  def __eq__(self, other):
+    return isinstance(other, _CheckedPolicy) and other.policy == self.policy
+
+  def __hash__(self):
+    return hash(self.policy)
+
+  def __call__(self, prim, *avals, **params):
+    try:
+      answer = self.policy(prim, *avals, **params)
+    except Exception as e:
+      e.add_note(f'(raised by the remat policy {self.policy!r}, passed as '
+                 f'`policy=` to checkpoint, when asked about primitive '
+                 f'{prim.name!r})')
+      raise
+    if not isinstance(answer, (bool, type(jx.Saveable), type(jx.Recompute),
+                               jx.Offloadable)):
+      raise TypeError(
+          f'The remat policy {self.policy!r} (the `policy=` argument of '
+          f'checkpoint) returned {answer!r} of type {type(answer).__name__} '
+          f'for primitive {prim.name!r}; a policy must return a bool, or '
+          'Saveable, Recompute or Offloadable(src=..., dst=...) from '
+          'jax.ad_checkpoint.')
+    return answer
+
+
+def _checked_policy(policy):
+  return None if policy is None else _CheckedPolicy(policy)
+
+
+def _partial_eval_custom_params(unks_in, inst_in, kept_outs_known, inst_out,
+                                num_res, params_known, params_staged):
+  """Parameters of the two halves when a checkpoint is split from outside.
+
+  This happens when the block sits inside another block being split, or in
+  a `scan`/`jit` body that is: the outer policy decides, and the staged half
+  becomes a differentiated (recomputing) checkpoint.
+  """
+  del kept_outs_known, inst_out, num_res
+  prevent_cse = params_known['prevent_cse']
+  if isinstance(prevent_cse, tuple):
+    known_cse = [c for c, unknown in zip(prevent_cse, unks_in) if not unknown]
+    staged_cse = [c for c, inst in zip(prevent_cse, inst_in) if inst]
+    params_known = dict(params_known, prevent_cse=tuple(known_cse))
+    params_staged = dict(params_staged, prevent_cse=tuple(staged_cse))
+  return params_known, dict(params_staged, differentiated=True)
+
+pe.partial_eval_jaxpr_custom_rules[checkpoint_p] = (
+    lambda *args, **kwargs: pe.call_partial_eval_custom_rule(
+        'jaxpr', _partial_eval_custom_params, *args, **kwargs))
+
+
+# -- transpose ----------------------------------------------------------------
+
+def _transpose(out_cts, *args, jaxpr, prevent_cse, **params):
+  """Transpose a linear block into another checkpoint over the cotangents.
+
+  The block's non-linear part (the recompute) is evaluated inside the new
+  block, so it still happens on the backward pass, behind the same barrier.
+  """
+  accumulators = [x for x in args if isinstance(x, ad.GradAccum)]
+  args = [ad.UndefinedPrimal(x.aval) if isinstance(x, ad.GradAccum) else x
+          for x in args]
+  in_linear = tuple(ad.is_undefined_primal(x) for x in args)
+  out_zeros = tuple(isinstance(ct, jx.ad_util.Zero) for ct in out_cts)
+  transposed, in_cts_are_zero = _transposed_jaxpr(
+      pe.close_jaxpr(jaxpr), in_linear, out_zeros)
+  nonlinear_args = [x for x, lin in zip(args, in_linear) if not lin]
+  nonzero_cts = [ct for ct, zero in zip(out_cts, out_zeros) if not zero]
+  if isinstance(prevent_cse, tuple):
+    prevent_cse = ((False,) * len(transposed.consts)
+                   + tuple(c for c, lin in zip(prevent_cse, in_linear) if not lin)
+                   + (True,) * len(nonzero_cts))
+  in_cts = checkpoint_p.bind(
+      *transposed.consts, *nonlinear_args, *nonzero_cts,
+      jaxpr=pe.convert_constvars_jaxpr(transposed.jaxpr),
+      prevent_cse=prevent_cse, **params)
+  in_cts = iter(in_cts)
+  for accumulator, is_zero in zip(accumulators, in_cts_are_zero):
+    if not is_zero:
+      accumulator.accum(next(in_cts))
+
+
+@jx.weakref_lru_cache
+def _transposed_jaxpr(closed_jaxpr, in_linear, out_zeros):
+  """A jaxpr from (non-linear inputs, nonzero cotangents) to the nonzero
+  input cotangents, and for each linear input whether its cotangent is zero."""
+  in_avals = ([a for a, lin in zip(closed_jaxpr.in_avals, in_linear) if not lin]
+              + [a.to_ct_aval() for a, zero in zip(closed_jaxpr.out_avals, out_zeros)
+                 if not zero])
+  zeros_found = []
+
+  def transposed(*flat_args):
+    nonlinear_args, cts = jx.split_list(flat_args, [len(in_linear) - sum(in_linear)])
+    # Recompute the non-linear part; what is left is linear in the rest.
+    with jx.config.mutable_array_checks(False):
+      recompute, linear, _, _ = pe.partial_eval_jaxpr_nounits(
+          closed_jaxpr, in_linear, False)
+    with jx.source_info_util.extend_name_stack('rematted_computation'):
+      residuals = core.jaxpr_as_fun(recompute)(*nonlinear_args)
+    cts = iter(cts)
+    out_cts = [jx.ad_util.Zero(a.to_ct_aval()) if zero else next(cts)
+               for a, zero in zip(closed_jaxpr.out_avals, out_zeros)]
+    linear_inputs = [ad.UndefinedPrimal(a.to_ct_aval())
+                     for a in linear.in_avals[len(residuals):]]
+    in_cts = ad.backward_pass(linear.jaxpr, False, linear.consts,
+                              [*residuals, *linear_inputs], out_cts)
+    in_cts = in_cts[len(residuals):]
+    zeros_found[:] = [isinstance(ct, jx.ad_util.Zero) for ct in in_cts]
+    return [ct for ct in in_cts if not isinstance(ct, jx.ad_util.Zero)]
+
+  dbg = closed_jaxpr.jaxpr.debug_info.with_unknown_names()
+  traced, _ = pe.trace_to_jaxpr(
+      transposed, jx.FlatTree.flatten((tuple(in_avals), {})), dbg)
+  return traced, list(zeros_found)
+
+ad.fancy_transposes[checkpoint_p] = _transpose
+
+
+# -- vmap ---------------------------------------------------------------------
+
+def _vmap(axis_data, args, dims, *, jaxpr, **params):
+  batched, out_batched = batching.batch_jaxpr_axes(
+      pe.close_jaxpr(jaxpr), axis_data, dims,
+      [batching.zero_if_mapped] * len(jaxpr.outvars))
+  batched_jaxpr = pe.convert_constvars_jaxpr(batched.jaxpr)
+  prevent_cse = params.pop('prevent_cse')
+  if isinstance(prevent_cse, tuple):
+    prevent_cse = (False,) * len(batched.consts) + prevent_cse
+  outs = checkpoint_p.bind(*batched.consts, *args, jaxpr=batched_jaxpr,
+                           prevent_cse=prevent_cse, **params)
+  return outs, [0 if b else None for b in out_batched]
+
+batching.fancy_primitive_batchers[checkpoint_p] = _vmap
+
+
+# -- DCE ----------------------------------------------------------------------
+
+def _dce(used_outputs, eqn):
+  """Drop unused outputs, and the inputs and work only they needed.
+
+  A block with side effects is kept even when none of its outputs is used.
+  """
+  if not any(used_outputs) and not pe.has_effects(eqn):
+    return [False] * len(eqn.invars), None
+  jaxpr, used_inputs = pe.dce_jaxpr(eqn.params['jaxpr'], used_outputs)
+  if not any(used_inputs) and not any(used_outputs) and not _has_real_effects(jaxpr):
+    return used_inputs, None
+  prevent_cse = eqn.params['prevent_cse']
+  if isinstance(prevent_cse, tuple):
+    prevent_cse = tuple(c for c, used in zip(prevent_cse, used_inputs) if used)
+  invars = [v for v, used in zip(eqn.invars, used_inputs) if used]
+  outvars = [v for v, used in zip(eqn.outvars, used_outputs) if used]
+  new_eqn = pe.new_jaxpr_eqn(
+      invars, outvars, checkpoint_p,
+      dict(eqn.params, jaxpr=jaxpr, prevent_cse=prevent_cse),
+      core.eqn_effects(jaxpr, invars), eqn.source_info, eqn.ctx)
+  return used_inputs, new_eqn
+
+
+def _has_real_effects(jaxpr) -> bool:
+  # Axis names and refs allocated inside the block are not observable.
+  bookkeeping = (core.NamedAxisEffect, core.InternalMutableArrayEffect)
+  return any(not isinstance(e, bookkeeping) for e in jaxpr.effects)
+
+pe.dce_rules[checkpoint_p] = _dce
+
+
+# -- lowering -----------------------------------------------------------------
+
+def _lower(ctx, *args, jaxpr, prevent_cse, differentiated, policy):
+  del policy
+  if isinstance(prevent_cse, bool):
+    prevent_cse = (prevent_cse,) * len(ctx.avals_in)
+  if differentiated and any(prevent_cse):
+    args = _behind_optimization_barrier(ctx, args, prevent_cse)
+  outs, tokens_out = mlir.jaxpr_subcomp(
+      ctx.module_context, jaxpr, ctx.name_stack.extend('checkpoint'),
+      ctx.tokens_in, (), *args, dim_var_values=ctx.dim_var_values,
+      const_lowering=ctx.const_lowering, outer_traceback=ctx.traceback)
+  ctx.set_tokens_out(tokens_out)
+  return outs
+
+
+def _behind_optimization_barrier(ctx, args, protect):
+  """Route the protected inputs through one `optimization_barrier`.
+
+  XLA may not move computation across the barrier nor look through it, so
+  the recompute cannot start before its inputs (which on the backward pass
+  include cotangents) are ready, and cannot be merged with the forward pass.
+  """
+  unprotected, protected = jx.partition_list(protect, args)
+  _, protected_avals = jx.partition_list(protect, ctx.avals_in)
+  flat_values, _ = mlir.ir_tree_registry.flatten(protected)
+  barrier = jx.hlo.OptimizationBarrierOp(flat_values)
+  _, value_tree = mlir.ir_tree_registry.flatten(
+      [mlir._aval_to_ir_types(ctx.module_context, a) for a in protected_avals])
+  results = [mlir.lower_with_sharding_in_types(ctx, r, a)
+             for r, a in zip(barrier.results, protected_avals)]
+  return jx.merge_lists(protect, unprotected, value_tree.unflatten(results))
+
+mlir.register_lowering(checkpoint_p, _lower)
+
+
+# -- state discharge ----------------------------------------------------------
+
+@jx.discharge.register_discharge_rule(checkpoint_p)
+def _discharge_state(in_avals, out_avals, *args, jaxpr, **params):
+  """Turn reads and writes of ref inputs into values in and values out."""
+  del out_avals
+  discharged = jx.discharge.discharge_state(core.ClosedJaxpr(jaxpr, []))
+  if discharged.consts:
+    raise NotImplementedError(
+        'checkpoint: discharging refs produced constants in the block body; '
+        'this is not supported.')
+  outs_and_refs = checkpoint_p.bind(*args, jaxpr=discharged.jaxpr, **params)
+  outs, final_ref_values = jx.split_list(outs_and_refs, [len(jaxpr.outvars)])
+  final_ref_values = iter(final_ref_values)
+  new_inputs = [next(final_ref_values) if isinstance(a, jx.AbstractRef) else None
+                for a in in_avals]
+  return new_inputs, outs
+
+
+# -- high-level (hijax) types -------------------------------------------------
+
+def _is_high(*_, jaxpr, **__) -> bool:
+  return jaxpr.is_high
+
+checkpoint_p.is_high = _is_high
+
+
+def _to_lojax(*hi_args, jaxpr, **params):
+  lowered = pe.lower_jaxpr2(pe.close_jaxpr(jaxpr))
+  lo_args = [lo for aval, x in zip(jaxpr.in_aval_qdds, hi_args)
+             for lo in (aval.read_loval(x) if aval.has_qdd else aval.lower_val(x))]
+  return checkpoint_p.bind(*lowered.consts, *lo_args,
+                           jaxpr=pe.convert_constvars_jaxpr(lowered.jaxpr), **params)
+
+checkpoint_p.to_lojax = _to_lojax

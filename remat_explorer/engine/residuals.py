@@ -1,0 +1,108 @@
+"""What the forward pass saves for the backward pass, in words.
+
+``saved_residuals`` differentiates a function symbolically (``jax.vjp`` under
+``jax.make_jaxpr``), looks at the values the backward pass closes over, and
+says where each came from: an argument, a named value, or the primitive (and
+source line) that produced it. It reads programs that use our ``checkpoint``,
+``jax.checkpoint``, or both, and describes them the way JAX does.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+
+from remat_explorer.engine import _jax_internals as jx
+
+core = jx.core
+
+
+def saved_residuals(f, *args, **kwargs) -> list[tuple[core.AbstractValue, str]]:
+  """List ``(aval, description)`` for each residual `f`'s VJP saves."""
+  if not callable(f):
+    raise TypeError(f'saved_residuals expects a callable, got {type(f).__name__}: {f!r}')
+  leaves, in_tree = jax.tree_util.tree_flatten((args, kwargs))
+
+  def flat_f(*leaves):
+    args, kwargs = jax.tree_util.tree_unflatten(in_tree, leaves)
+    return f(*args, **kwargs)
+
+  traced, out_shape = jax.make_jaxpr(
+      lambda *xs: jax.vjp(flat_f, *xs), return_shape=True)(*leaves)
+  # jax.vjp returns (outputs, vjp_fn); the vjp_fn's leaves are the residuals.
+  num_residuals = len(jax.tree_util.tree_leaves(out_shape[1]))
+  jaxpr = traced.jaxpr
+  jaxpr = jaxpr.replace(outvars=jaxpr.outvars[len(jaxpr.outvars) - num_residuals:])
+  dbg = jx.api_util.debug_info('saved_residuals', f, args, kwargs)
+  arg_names = dbg.arg_names or ('',) * len(jaxpr.invars)
+  return describe_residuals(jaxpr, arg_names)
+
+
+def print_saved_residuals(f, *args, **kwargs) -> None:
+  for aval, description in saved_residuals(f, *args, **kwargs):
+    print(f'{aval.str_short(short_dtypes=True)} {description}')
+
+
+def describe_residuals(jaxpr: core.Jaxpr, arg_names: Sequence[str]
+                       ) -> list[tuple[core.AbstractValue, str]]:
+  """Describe each output of `jaxpr`, taken to be the residuals, by origin.
+
+  Results come grouped by origin (literals, constants, arguments, then
+  equation outputs in program order), as JAX reports them.
+  """
+  # A reduce_precision inserted on a residual is bookkeeping: name the
+  # value by the equation it rounds instead.
+  rounded_from = {e.outvars[0]: e.invars[0] for e in jaxpr.eqns
+                  if e.primitive is jx.reduce_precision_p}
+  literals = [x for x in jaxpr.outvars if isinstance(x, core.Literal)]
+  residual_vars = {rounded_from.get(x, x) for x in jaxpr.outvars
+                   if not isinstance(x, core.Literal)}
+
+  described = [(x.aval, 'from a literal') for x in literals]
+  described += [(v.aval, 'from a constant') for v in jaxpr.constvars
+                if v in residual_vars]
+  for i, v in enumerate(jaxpr.invars):
+    if v in residual_vars:
+      where = (f'the argument {arg_names[i]}' if arg_names[i]
+               else f'the argument at flattened index {i}')
+      described.append((v.aval, f'from {where}'))
+  for eqn in jaxpr.eqns:
+    for v in eqn.outvars:
+      if v in residual_vars:
+        described.append((v.aval, _describe_output(eqn)))
+  return described
+
+
+def _describe_output(eqn) -> str:
+  where = jx.source_info_util.summarize(eqn.source_info)
+  name = jx.name_of_named_value(eqn)
+  if name:
+    return f"named '{name}' from {where}"
+  if eqn.primitive.name == 'jit':
+    return f"output of jitted function '{eqn.params['name']}' from {where}"
+  return f'output of {eqn.primitive.name} from {where}'
+
+
+def log_residuals(level: int, logger, split, staged_input_unknowns) -> None:
+  """Log what a block's forward pass saves, as ``jax.checkpoint`` does."""
+  num_res = split.num_residuals
+  staged_inputs = split.staged.invars[num_res:]
+  # Known inputs the backward pass reads are saved as they are.
+  saved_inputs = [v for v, unknown in zip(staged_inputs, staged_input_unknowns)
+                  if not unknown]
+  known = split.known
+  saved_intermediates = describe_residuals(
+      known.replace(outvars=known.outvars[len(known.outvars) - num_res:]),
+      ('',) * len(known.invars))
+  message = 'remat-decorated function '
+  if saved_inputs:
+    message += 'saving inputs with shapes:\n'
+    message += ''.join(f'  {v.aval.str_short()}\n' for v in saved_inputs)
+  if saved_inputs and saved_intermediates:
+    message += 'and '
+  if saved_intermediates:
+    message += 'saving these intermediates:\n'
+    message += ''.join(f'  {aval.str_short()} from {src}\n'
+                       for aval, src in saved_intermediates)
+  logger.log(level, message)
