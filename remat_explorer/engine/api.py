@@ -88,6 +88,7 @@ def checkpoint(fun: Callable, *, prevent_cse: bool | Sequence[bool] = True,
   @functools.wraps(fun)
   @jx.api_boundary
   def checkpointed(*args, **kwargs):
+    _check_static_argnums_in_range(static_argnums, len(args))
     dbg = jx.api_util.debug_info('checkpoint / remat', fun, args, kwargs,
                                  static_argnums=static_argnums)
     traced_fun, dynamic_args, dynamic_kwargs = _split_static_args(
@@ -157,14 +158,17 @@ def _normalize_static_argnums(static_argnums):
   return static_argnums
 
 
-def _split_static_args(fun, static_argnums, static_argnames, args, kwargs):
-  """Separate static arguments from traced ones; return a function of the
-  traced ones only (cached, so equal static values reuse one trace)."""
-  if not all(-len(args) <= i < len(args) for i in static_argnums):
+def _check_static_argnums_in_range(static_argnums, num_args):
+  if not all(-num_args <= i < num_args for i in static_argnums):
     raise ValueError('the `static_argnums` argument to `jax.checkpoint` / '
                      '`jax.remat` can only take integer values greater than or '
                      'equal to `-len(args)` and less than `len(args)`, but got '
-                     f'{static_argnums}, while `len(args)` = {len(args)}')
+                     f'{static_argnums}, while `len(args)` = {num_args}')
+
+
+def _split_static_args(fun, static_argnums, static_argnames, args, kwargs):
+  """Separate static arguments from traced ones; return a function of the
+  traced ones only (cached, so equal static values reuse one trace)."""
   static_positions = frozenset(i % len(args) for i in static_argnums)
   static_kw = tuple(sorted(k for k in kwargs if k in static_argnames))
   if not static_positions and not static_kw:
