@@ -267,3 +267,34 @@ def test_residual_logging_follows_jax_config_like_jax(caplog):
   theirs = [r.getMessage() for r in caplog.records if r.name.startswith('jax')]
   assert len(ours) == 1 and ours == theirs
   assert 'saving these intermediates:\n  float32[2,3] from output of dot_general' in ours[0]
+
+
+# -- state discharge -----------------------------------------------------------
+
+def _ref_programs(ck):
+  def internal(x):
+    r = jax.new_ref(jnp.zeros_like(x))
+    r[...] += jnp.sin(x)
+    return r[...] * x
+
+  @jax.jit
+  def closed_over(x):
+    r = jax.new_ref(x)
+
+    def inner(y):
+      r[...] = jnp.sin(r[...]) + y
+      return y * 2
+    return ck(inner)(x), r[...]
+  return ck(internal), jax.jit(ck(internal)), closed_over
+
+
+def test_refs_inside_blocks_discharge_like_jax():
+  x = _normal(4)
+  ours, theirs = _ref_programs(rx.checkpoint), _ref_programs(jax.checkpoint)
+  for f_ours, f_theirs in zip(ours, theirs):
+    assert_trees_equal(f_ours(x), f_theirs(x))
+  out, final = ours[2](x)
+  np.testing.assert_allclose(final, np.sin(x) + x, rtol=1e-6)
+  # Under jit the ref's writes become values flowing out of our primitive.
+  jaxpr = jax.make_jaxpr(ours[2])(x)
+  assert 'checkpoint[' in str(jaxpr)
