@@ -7,7 +7,8 @@ build on it.
 
 from remat_explorer.engine import (Offloadable, Recompute, Saveable,
                                    checkpoint, checkpoint_name,
-                                   checkpoint_policies, print_saved_residuals,
+                                   checkpoint_policies, lowering_strategy,
+                                   print_saved_residuals,
                                    remat, saved_residuals)
 
 __version__ = '0.1.0'
@@ -15,5 +16,5 @@ __version__ = '0.1.0'
 __all__ = [
     'checkpoint', 'remat', 'checkpoint_name', 'checkpoint_policies',
     'saved_residuals', 'print_saved_residuals', 'Saveable', 'Recompute',
-    'Offloadable',
+    'Offloadable', 'lowering_strategy',
 ]

@@ -5,12 +5,14 @@ Modules, in the order a reader might take them:
 * ``policies``   - which values a checkpointed block may save.
 * ``split``      - the known/staged split of a block under a policy.
 * ``primitive``  - the ``checkpoint`` primitive and its transformation rules.
+* ``lowering``   - how a differentiated block is protected from XLA.
 * ``api``        - ``checkpoint`` / ``remat`` / ``checkpoint_name``.
 * ``residuals``  - ``saved_residuals``: what the forward pass keeps, in words.
 * ``_jax_internals`` - the only module that imports JAX's private API.
 """
 
 from remat_explorer.engine.api import checkpoint, checkpoint_name, remat
+from remat_explorer.engine.lowering import lowering_strategy
 from remat_explorer.engine.policies import (Offloadable, Recompute, Saveable,
                                             checkpoint_policies)
 from remat_explorer.engine.primitive import checkpoint_p
@@ -20,5 +22,5 @@ from remat_explorer.engine.split import Split, split_jaxpr
 __all__ = [
     'checkpoint', 'remat', 'checkpoint_name', 'checkpoint_policies',
     'saved_residuals', 'print_saved_residuals', 'checkpoint_p',
-    'split_jaxpr', 'Split', 'Saveable', 'Recompute', 'Offloadable',
+    'split_jaxpr', 'Split', 'lowering_strategy', 'Saveable', 'Recompute', 'Offloadable',
 ]

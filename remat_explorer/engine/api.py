@@ -14,6 +14,7 @@ from typing import Any
 import jax
 
 from remat_explorer.engine import _jax_internals as jx
+from remat_explorer.engine.lowering import check_strategy, current_strategy
 from remat_explorer.engine.primitive import checkpoint_p
 
 core, pe = jx.core, jx.pe
@@ -40,6 +41,7 @@ def checkpoint(fun: Callable, *, prevent_cse: bool | Sequence[bool] = True,
                policy: Callable[..., Any] | None = None,
                static_argnums: int | tuple[int, ...] = (),
                static_argnames: str | Iterable[str] = (),
+               lowering: str | None = None,
                concrete: Any = _NOT_GIVEN) -> Callable:
   """Make `fun` recompute its intermediates when differentiated.
 
@@ -59,6 +61,10 @@ def checkpoint(fun: Callable, *, prevent_cse: bool | Sequence[bool] = True,
     static_argnums: positions of arguments that are Python values to
       specialise on rather than trace (they must be hashable).
     static_argnames: names of keyword arguments to treat the same way.
+    lowering: how the backward pass's recompute is protected from XLA:
+      ``"barrier"`` (the default, as JAX does today), ``"cond"``, ``"while"``
+      or ``"none"``; ``None`` takes the strategy set by an enclosing
+      ``lowering_strategy(...)`` block, else ``"barrier"``.
     concrete: removed in JAX 0.10; passing it raises ``NotImplementedError``.
 
   Example:
@@ -80,6 +86,8 @@ def checkpoint(fun: Callable, *, prevent_cse: bool | Sequence[bool] = True,
         f'the `policy` argument of checkpoint must be callable, such as '
         f'checkpoint_policies.dots_saveable, but got {type(policy).__name__}: '
         f'{policy!r}.')
+  if lowering is not None:
+    check_strategy(lowering)
   static_argnums = _normalize_static_argnums(static_argnums)
   static_argnames = ((static_argnames,) if isinstance(static_argnames, str)
                      else tuple(static_argnames))
@@ -105,7 +113,8 @@ def checkpoint(fun: Callable, *, prevent_cse: bool | Sequence[bool] = True,
     else:
       cse = prevent_cse
     outs = checkpoint_p.bind(*consts, *flat_args, jaxpr=jaxpr, prevent_cse=cse,
-                             differentiated=False, policy=policy)
+                             differentiated=False, policy=policy,
+                             lowering=current_strategy(lowering))
     return jax.tree_util.tree_unflatten(out_tree, outs)
 
   return checkpointed
@@ -114,10 +123,12 @@ def checkpoint(fun: Callable, *, prevent_cse: bool | Sequence[bool] = True,
 def remat(fun: Callable, *, prevent_cse: bool | Sequence[bool] = True,
           policy: Callable[..., Any] | None = None,
           static_argnums: int | tuple[int, ...] = (),
+          lowering: str | None = None,
           concrete: Any = _NOT_GIVEN) -> Callable:
   """Alias of :func:`checkpoint`."""
   return checkpoint(fun, prevent_cse=prevent_cse, policy=policy,
-                    static_argnums=static_argnums, concrete=concrete)
+                    static_argnums=static_argnums, lowering=lowering,
+                    concrete=concrete)
 
 
 def checkpoint_name(x, name: str):

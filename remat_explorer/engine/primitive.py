@@ -11,9 +11,9 @@ are the ones differentiation uses:
   known part runs now and keeps only what the policy allows; the rest is
   staged as a new ``checkpoint`` equation, marked ``differentiated``, that
   recomputes what was not kept.
-* Lowering protects a differentiated block's inputs with an optimization
-  barrier, so XLA can neither hoist the recompute into the forward pass nor
-  merge it with the forward computation.
+* Lowering protects a differentiated block from XLA, so it can neither hoist
+  the recompute into the forward pass nor merge it with the forward
+  computation (``lowering.py`` has the strategies).
 
 The rules follow the order a value flows through them: bind, impl, abstract
 eval, JVP, partial eval, transpose, vmap, DCE, lowering, state discharge.
@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 
 from remat_explorer.engine import _jax_internals as jx
+from remat_explorer.engine.lowering import lower_checkpoint
 from remat_explorer.engine.residuals import log_residuals
 from remat_explorer.engine.split import split_jaxpr
 
@@ -38,18 +39,20 @@ checkpoint_p.multiple_results = True
 
 # -- bind ---------------------------------------------------------------------
 
-def _bind(*args, jaxpr, prevent_cse, differentiated, policy):
+def _bind(*args, jaxpr, prevent_cse, differentiated, policy, lowering='barrier'):
   """Bind with the parameters every rule expects.
 
   `jaxpr` is closed-over-nothing: constants are ordinary leading inputs.
   `prevent_cse` is a bool, or one bool per input. `differentiated` is True
   for the staged (backward) copy that recomputes the forward values.
+  `lowering` says how that copy is protected from XLA (see ``lowering``).
   """
   assert not jaxpr.constvars
   assert isinstance(prevent_cse, bool) or len(prevent_cse) == len(args)
   return core.Primitive.bind(checkpoint_p, *args, jaxpr=jaxpr,
                              prevent_cse=prevent_cse,
-                             differentiated=differentiated, policy=policy)
+                             differentiated=differentiated, policy=policy,
+                             lowering=lowering)
 
 checkpoint_p.bind = _bind
 
@@ -57,20 +60,20 @@ checkpoint_p.bind = _bind
 # -- impl and abstract eval ---------------------------------------------------
 
 @checkpoint_p.def_impl
-def _impl(*args, jaxpr, prevent_cse, differentiated, policy):
-  del prevent_cse, differentiated, policy  # only matter to transformations
+def _impl(*args, jaxpr, **params):
+  del params  # only matter to transformations
   return core.eval_jaxpr(jaxpr, (), *args)
 
 
 @checkpoint_p.def_effectful_abstract_eval
-def _abstract_eval(*args, jaxpr, prevent_cse, differentiated, policy):
-  del args, prevent_cse, differentiated, policy
+def _abstract_eval(*args, jaxpr, **params):
+  del args, params
   return [v.aval for v in jaxpr.outvars], core.positional_effects(jaxpr)
 
 
 # -- JVP ----------------------------------------------------------------------
 
-def _jvp(primals, tangents, *, jaxpr, prevent_cse, differentiated, policy):
+def _jvp(primals, tangents, *, jaxpr, prevent_cse, **params):
   nonzero = [not isinstance(t, jx.ad_util.Zero) for t in tangents]
   jvp_closed, out_nonzero = ad.jvp_jaxpr(pe.close_jaxpr(jaxpr), nonzero, False)
   jvp_jaxpr = pe.convert_constvars_jaxpr(jvp_closed.jaxpr)
@@ -80,7 +83,7 @@ def _jvp(primals, tangents, *, jaxpr, prevent_cse, differentiated, policy):
                    + (True,) * len(nonzero_tangents))
   outs = checkpoint_p.bind(
       *jvp_closed.consts, *primals, *nonzero_tangents, jaxpr=jvp_jaxpr,
-      prevent_cse=prevent_cse, differentiated=differentiated, policy=policy)
+      prevent_cse=prevent_cse, **params)
   out_primals, out_nonzero_tangents = jx.split_list(outs, [len(jaxpr.outvars)])
   nonzero_iter = iter(out_nonzero_tangents)
   out_tangents = [next(nonzero_iter) if nz else jx.ad_util.p2tz(p)
@@ -315,38 +318,7 @@ pe.dce_rules[checkpoint_p] = _dce
 
 # -- lowering -----------------------------------------------------------------
 
-def _lower(ctx, *args, jaxpr, prevent_cse, differentiated, policy):
-  del policy
-  if isinstance(prevent_cse, bool):
-    prevent_cse = (prevent_cse,) * len(ctx.avals_in)
-  if differentiated and any(prevent_cse):
-    args = _behind_optimization_barrier(ctx, args, prevent_cse)
-  outs, tokens_out = mlir.jaxpr_subcomp(
-      ctx.module_context, jaxpr, ctx.name_stack.extend('checkpoint'),
-      ctx.tokens_in, (), *args, dim_var_values=ctx.dim_var_values,
-      const_lowering=ctx.const_lowering, outer_traceback=ctx.traceback)
-  ctx.set_tokens_out(tokens_out)
-  return outs
-
-
-def _behind_optimization_barrier(ctx, args, protect):
-  """Route the protected inputs through one `optimization_barrier`.
-
-  XLA may not move computation across the barrier nor look through it, so
-  the recompute cannot start before its inputs (which on the backward pass
-  include cotangents) are ready, and cannot be merged with the forward pass.
-  """
-  unprotected, protected = jx.partition_list(protect, args)
-  _, protected_avals = jx.partition_list(protect, ctx.avals_in)
-  flat_values, _ = mlir.ir_tree_registry.flatten(protected)
-  barrier = jx.hlo.OptimizationBarrierOp(flat_values)
-  _, value_tree = mlir.ir_tree_registry.flatten(
-      [mlir._aval_to_ir_types(ctx.module_context, a) for a in protected_avals])
-  results = [mlir.lower_with_sharding_in_types(ctx, r, a)
-             for r, a in zip(barrier.results, protected_avals)]
-  return jx.merge_lists(protect, unprotected, value_tree.unflatten(results))
-
-mlir.register_lowering(checkpoint_p, _lower)
+mlir.register_lowering(checkpoint_p, lower_checkpoint)
 
 
 # -- state discharge ----------------------------------------------------------

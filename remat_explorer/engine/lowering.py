@@ -1,0 +1,127 @@
+"""How a differentiated checkpoint block is lowered to StableHLO.
+
+The staged (backward-pass) copy of a block recomputes forward values. Left
+unprotected, XLA sees the same computation twice and may merge it with the
+forward pass (CSE), or schedule it early, while the forward values are still
+live; either way the memory saving is gone. JAX has used three protections:
+
+* ``"barrier"`` (JAX today): the recompute's inputs pass through one
+  ``optimization_barrier``; XLA may not look through or move work across it.
+* ``"cond"``: the recompute sits in the true branch of a conditional whose
+  predicate, ``rng_uniform(0, 1) < 2``, is always true but cannot be folded
+  by XLA; the branch starts only when all its operands (cotangents included)
+  are ready, and cannot be hoisted or merged.
+* ``"while"``: the recompute is the body of a loop whose trip count,
+  ``rng_uniform(1, 2)``, is always one but opaque (JAX's old GPU lowering).
+
+and ``"none"`` lowers it inline, as ``prevent_cse=False`` does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import jax
+import numpy as np
+
+from remat_explorer.engine import _jax_internals as jx
+
+core, mlir = jx.core, jx.mlir
+
+STRATEGIES = ('barrier', 'cond', 'while', 'none')
+DEFAULT_STRATEGY = 'barrier'
+
+_default = threading.local()
+
+
+def check_strategy(lowering) -> str:
+  if lowering not in STRATEGIES:
+    raise ValueError(
+        f'the `lowering` argument of checkpoint must be one of {STRATEGIES}, '
+        f'got {lowering!r}.')
+  return lowering
+
+
+@contextlib.contextmanager
+def lowering_strategy(lowering: str):
+  """Lower checkpoints called inside this block with `lowering`, unless they
+  name a strategy of their own."""
+  check_strategy(lowering)
+  previous = getattr(_default, 'strategy', None)
+  _default.strategy = lowering
+  try:
+    yield
+  finally:
+    _default.strategy = previous
+
+
+def current_strategy(explicit: str | None) -> str:
+  """The strategy for a block: its own, else the enclosing block's, else the default."""
+  if explicit is not None:
+    return explicit
+  return getattr(_default, 'strategy', None) or DEFAULT_STRATEGY
+
+
+def lower_checkpoint(ctx, *args, jaxpr, prevent_cse, differentiated, policy, lowering):
+  del policy
+  if isinstance(prevent_cse, bool):
+    prevent_cse = (prevent_cse,) * len(ctx.avals_in)
+  if not (differentiated and any(prevent_cse)) or lowering == 'none':
+    return _inline(ctx, args, jaxpr)
+  if lowering == 'barrier':
+    return _inline(ctx, _behind_optimization_barrier(ctx, args, prevent_cse), jaxpr)
+  if jaxpr.effects:
+    raise NotImplementedError(
+        f'checkpoint(lowering={lowering!r}) cannot lower a block with effects '
+        f'{set(jaxpr.effects)}; use lowering="barrier" for this block.')
+  recompute = _recompute_in_cond if lowering == 'cond' else _recompute_in_while
+  return mlir.lower_fun(lambda *xs: recompute(jaxpr, xs), multiple_results=True)(ctx, *args)
+
+
+def _inline(ctx, args, jaxpr):
+  outs, tokens_out = mlir.jaxpr_subcomp(
+      ctx.module_context, jaxpr, ctx.name_stack.extend('checkpoint'),
+      ctx.tokens_in, (), *args, dim_var_values=ctx.dim_var_values,
+      const_lowering=ctx.const_lowering, outer_traceback=ctx.traceback)
+  ctx.set_tokens_out(tokens_out)
+  return outs
+
+
+def _behind_optimization_barrier(ctx, args, protect):
+  """Route the protected inputs through one `optimization_barrier`."""
+  unprotected, protected = jx.partition_list(protect, args)
+  _, protected_avals = jx.partition_list(protect, ctx.avals_in)
+  flat_values, _ = mlir.ir_tree_registry.flatten(protected)
+  barrier = jx.hlo.OptimizationBarrierOp(flat_values)
+  _, value_tree = mlir.ir_tree_registry.flatten(
+      [mlir._aval_to_ir_types(ctx.module_context, a) for a in protected_avals])
+  results = [mlir.lower_with_sharding_in_types(ctx, r, a)
+             for r, a in zip(barrier.results, protected_avals)]
+  return jx.merge_lists(protect, unprotected, value_tree.unflatten(results))
+
+
+def _run(jaxpr, args):
+  return core.eval_jaxpr(jaxpr, (), *args)
+
+
+def _placeholders(jaxpr):
+  return [jax.numpy.zeros(v.aval.shape, v.aval.dtype) for v in jaxpr.outvars]
+
+
+def _recompute_in_cond(jaxpr, args):
+  always = jax.lax.rng_uniform(np.float32(0), np.float32(1), shape=()) < np.float32(2)
+  return jax.lax.cond(always, lambda xs: _run(jaxpr, xs),
+                      lambda xs: _placeholders(jaxpr), list(args))
+
+
+def _recompute_in_while(jaxpr, args):
+  trips = jax.lax.rng_uniform(np.int32(1), np.int32(2), shape=())
+
+  def body(carry):
+    count, _, xs = carry
+    return count + 1, _run(jaxpr, xs), xs
+  _, outs, _ = jax.lax.while_loop(
+      lambda carry: carry[0] < trips, body,
+      (np.int32(0), _placeholders(jaxpr), list(args)))
+  return outs
