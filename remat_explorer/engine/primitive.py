@@ -136,9 +136,10 @@ pe.custom_partial_eval_rules[checkpoint_p] = _partial_eval
 def _check_effects_can_be_split(jaxpr):
   disallowed = jx.effects_remat_disallows(jaxpr.effects)
   if disallowed:
+    names = ', '.join(sorted({type(e).__name__ for e in disallowed}))
     raise NotImplementedError(
         'Effects not supported in partial-eval of `checkpoint`/`remat`: '
-        f'{disallowed}. Move the effectful operation out of the checkpointed '
+        f'{names} ({disallowed}). Move the effectful operation out of the checkpointed '
         'function, or use an effect that is allowed under remat '
         '(e.g. jax.debug.callback).')
 
