@@ -152,9 +152,23 @@ class SaveAndOffloadOnlyTheseNames:
     return Recompute
 
 
+# The memory kinds JAX knows; any other name silently means device memory in
+# JAX 0.10.2, so an offload to a misspelt kind would quietly not happen.
+MEMORY_KINDS = ('device', 'pinned_host', 'unpinned_host')
+
+
+def _check_memory_kinds(**kinds):
+  for arg, kind in kinds.items():
+    if kind not in MEMORY_KINDS:
+      raise ValueError(
+          f'{arg}={kind!r} is not a memory kind; use one of {MEMORY_KINDS} '
+          "(e.g. offload_src='device', offload_dst='pinned_host').")
+
+
 def save_and_offload_only_these_names(
     *, names_which_can_be_saved, names_which_can_be_offloaded,
     offload_src, offload_dst) -> SaveAndOffloadOnlyTheseNames:
+  _check_memory_kinds(offload_src=offload_src, offload_dst=offload_dst)
   saved = frozenset(names_which_can_be_saved)
   offloaded = frozenset(names_which_can_be_offloaded)
   if saved & offloaded:
@@ -178,6 +192,7 @@ class OffloadDotWithNoBatchDims:
 
 
 def offload_dot_with_no_batch_dims(offload_src, offload_dst):
+  _check_memory_kinds(offload_src=offload_src, offload_dst=offload_dst)
   return OffloadDotWithNoBatchDims(offload_src, offload_dst)
 
 

@@ -1,0 +1,46 @@
+"""The offload policies: residuals placed in host memory instead of recomputed."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.ad_checkpoint import checkpoint_name
+
+import remat_explorer as rx
+from tests.parity import assert_trees_equal
+
+X = jnp.asarray(np.random.default_rng(5).standard_normal((8, 8)), jnp.float32)
+OFFLOAD = dict(offload_src='device', offload_dst='pinned_host')
+
+
+def block(x):
+  h = checkpoint_name(jnp.sin(x @ x), 'a')
+  return jnp.sum(jnp.sin(checkpoint_name(h @ x, 'b')))
+
+
+def _policies(policies):
+  return [policies.save_and_offload_only_these_names(
+              names_which_can_be_saved=['b'], names_which_can_be_offloaded=['a'], **OFFLOAD),
+          policies.offload_dot_with_no_batch_dims(**OFFLOAD)]
+
+
+@pytest.mark.parametrize('index', [0, 1], ids=['names', 'dots'])
+def test_offloaded_residuals_live_in_host_memory_like_jax(index):
+  ours = rx.checkpoint(block, policy=_policies(rx.checkpoint_policies)[index])
+  theirs = jax.checkpoint(block, policy=_policies(jax.checkpoint_policies)[index])
+  residual_spaces = lambda f: [str(v.aval.memory_space) for v in
+                               jax.make_jaxpr(lambda x: jax.vjp(f, x))(X).jaxpr.outvars[1:]]
+  spaces = residual_spaces(ours)
+  assert 'MemorySpace.Host' in spaces
+  assert spaces == residual_spaces(theirs)
+  assert_trees_equal(jax.jit(jax.grad(ours))(X), jax.jit(jax.grad(theirs))(X))
+  assert_trees_equal(jax.grad(ours)(X), jax.grad(theirs)(X))
+
+
+def test_unknown_memory_kind_is_a_clear_error():
+  with pytest.raises(ValueError, match=r"offload_dst='host_ram' is not a memory kind.*pinned_host"):
+    rx.checkpoint_policies.offload_dot_with_no_batch_dims('device', 'host_ram')
+  with pytest.raises(ValueError, match=r"offload_src='gpu' is not a memory kind"):
+    rx.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[], names_which_can_be_offloaded=['a'],
+        offload_src='gpu', offload_dst='pinned_host')
