@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 
 from remat_explorer.engine import _jax_internals as jx
-from remat_explorer.engine.lowering import lower_checkpoint
+from remat_explorer.engine.lowering import DEFAULT_STRATEGY, lower_checkpoint
 from remat_explorer.engine.residuals import log_residuals
 from remat_explorer.engine.split import split_jaxpr
 
@@ -39,7 +39,8 @@ checkpoint_p.multiple_results = True
 
 # -- bind ---------------------------------------------------------------------
 
-def _bind(*args, jaxpr, prevent_cse, differentiated, policy, lowering='barrier'):
+def _bind(*args, jaxpr, prevent_cse, differentiated, policy,
+          lowering=DEFAULT_STRATEGY):
   """Bind with the parameters every rule expects.
 
   `jaxpr` is closed-over-nothing: constants are ordinary leading inputs.
