@@ -1,5 +1,7 @@
 """The offload policies: residuals placed in host memory instead of recomputed."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -44,3 +46,29 @@ def test_unknown_memory_kind_is_a_clear_error():
     rx.checkpoint_policies.save_and_offload_only_these_names(
         names_which_can_be_saved=[], names_which_can_be_offloaded=['a'],
         offload_src='gpu', offload_dst='pinned_host')
+
+
+def _placement_annotations(text):
+  return sorted(re.findall(r'memory_kind = "\w+"|annotate_device_placement|'
+                           r'_xla_buffer_placement[^,}]*', text))
+
+
+@pytest.mark.parametrize('index', [0, 1], ids=['names', 'dots'])
+def test_offloaded_lowering_and_compiled_memory_match_jax(index):
+  """Same host placements in the lowered program, same compiled memory.
+
+  On the CPU, host and device memory are one, and XLA lowers the transfers
+  to nothing (the documented fallback: offloading there changes no numbers).
+  On an accelerator the lowered program must place residuals in pinned host
+  memory.
+  """
+  ours = rx.checkpoint(block, policy=_policies(rx.checkpoint_policies)[index])
+  theirs = jax.checkpoint(block, policy=_policies(jax.checkpoint_policies)[index])
+  lowered = [jax.jit(jax.grad(f)).lower(X) for f in (ours, theirs)]
+  annotations = [_placement_annotations(low.as_text()) for low in lowered]
+  assert annotations[0] == annotations[1]
+  stats = [low.compile().memory_analysis() for low in lowered]
+  assert stats[0].temp_size_in_bytes == stats[1].temp_size_in_bytes
+  assert stats[0].host_temp_size_in_bytes == stats[1].host_temp_size_in_bytes
+  if jax.devices()[0].platform != 'cpu':
+    assert any('pinned_host' in a for a in annotations[0])

@@ -26,7 +26,7 @@ from jax._src.lax import convolution as lax_convolution
 from jax._src.lax import lax as lax_internal
 from jax._src.lib.mlir.dialects import hlo
 from jax._src.state import discharge
-from jax._src.state.types import AbstractRef
+from jax._src.state.types import AbstractRef, AccumEffect, WriteEffect
 from jax._src.traceback_util import api_boundary
 from jax._src.tree_util import FlatTree, broadcast_prefix, tracing_registry
 from jax._src.util import (merge_lists, partition_list, split_list, unzip2,

@@ -16,6 +16,8 @@ import jax
 from remat_explorer.engine import _jax_internals as jx
 from remat_explorer.engine.lowering import check_strategy, current_strategy
 from remat_explorer.engine.primitive import checkpoint_p
+from remat_explorer.engine.refs import (
+    DEFAULT_REF_EFFECTS, check_ref_effects, check_replay_is_sound)
 
 core, pe = jx.core, jx.pe
 
@@ -42,6 +44,7 @@ def checkpoint(fun: Callable, *, prevent_cse: bool | Sequence[bool] = True,
                static_argnums: int | tuple[int, ...] = (),
                static_argnames: str | Iterable[str] = (),
                lowering: str | None = None,
+               ref_effects: str = DEFAULT_REF_EFFECTS,
                concrete: Any = _NOT_GIVEN) -> Callable:
   """Make `fun` recompute its intermediates when differentiated.
 
@@ -65,6 +68,14 @@ def checkpoint(fun: Callable, *, prevent_cse: bool | Sequence[bool] = True,
       ``"barrier"`` (the default, as JAX does today), ``"cond"``, ``"while"``
       or ``"none"``; ``None`` takes the strategy set by an enclosing
       ``lowering_strategy(...)`` block, else ``"barrier"``.
+    ref_effects: what the recompute does with refs (``jax.Ref``) passed to
+      `fun` or closed over. ``"once"`` (the default): their reads and writes
+      happen on the forward pass only; the recompute starts from the values
+      they held when `fun` began (saved as residuals) in private copies.
+      ``"replay"``: the recompute reads and writes the real refs again, so
+      writes happen twice; refused when a value read from a ref `fun` writes
+      reaches its outputs, since the gradient would then be wrong. Refs
+      `fun` allocates itself are private either way.
     concrete: removed in JAX 0.10; passing it raises ``NotImplementedError``.
 
   Example:
@@ -88,6 +99,7 @@ def checkpoint(fun: Callable, *, prevent_cse: bool | Sequence[bool] = True,
         f'{policy!r}.')
   if lowering is not None:
     check_strategy(lowering)
+  check_ref_effects(ref_effects)
   static_argnums = _normalize_static_argnums(static_argnums)
   static_argnames = ((static_argnames,) if isinstance(static_argnames, str)
                      else tuple(static_argnames))
@@ -105,6 +117,8 @@ def checkpoint(fun: Callable, *, prevent_cse: bool | Sequence[bool] = True,
     jx.api_util.check_no_transformed_refs_args(lambda: dbg, flat_args)
     in_avals = tuple(core.shaped_abstractify(x) for x in flat_args)
     jaxpr, consts, out_tree = _trace(traced_fun, in_tree, in_avals, dbg)
+    if ref_effects == 'replay':
+      check_replay_is_sound(jaxpr, dbg.func_name)
     if isinstance(prevent_cse, tuple):
       cse_prefix = ((tuple(dynamic_args), dynamic_kwargs) if dynamic_kwargs
                     else tuple(dynamic_args))
@@ -114,7 +128,8 @@ def checkpoint(fun: Callable, *, prevent_cse: bool | Sequence[bool] = True,
       cse = prevent_cse
     outs = checkpoint_p.bind(*consts, *flat_args, jaxpr=jaxpr, prevent_cse=cse,
                              differentiated=False, policy=policy,
-                             lowering=current_strategy(lowering))
+                             lowering=current_strategy(lowering),
+                             ref_effects=ref_effects)
     return jax.tree_util.tree_unflatten(out_tree, outs)
 
   return checkpointed
@@ -124,11 +139,12 @@ def remat(fun: Callable, *, prevent_cse: bool | Sequence[bool] = True,
           policy: Callable[..., Any] | None = None,
           static_argnums: int | tuple[int, ...] = (),
           lowering: str | None = None,
+          ref_effects: str = DEFAULT_REF_EFFECTS,
           concrete: Any = _NOT_GIVEN) -> Callable:
   """Alias of :func:`checkpoint`."""
   return checkpoint(fun, prevent_cse=prevent_cse, policy=policy,
                     static_argnums=static_argnums, lowering=lowering,
-                    concrete=concrete)
+                    ref_effects=ref_effects, concrete=concrete)
 
 
 def checkpoint_name(x, name: str):

@@ -63,8 +63,9 @@ def current_strategy(explicit: str | None) -> str:
   return getattr(_default, 'strategy', None) or DEFAULT_STRATEGY
 
 
-def lower_checkpoint(ctx, *args, jaxpr, prevent_cse, differentiated, policy, lowering):
-  del policy
+def lower_checkpoint(ctx, *args, jaxpr, prevent_cse, differentiated, policy,
+                     lowering, ref_effects):
+  del policy, ref_effects  # refs are discharged before lowering
   if isinstance(prevent_cse, bool):
     prevent_cse = (prevent_cse,) * len(ctx.avals_in)
   if not (differentiated and any(prevent_cse)) or lowering == 'none':

@@ -25,6 +25,7 @@ import logging
 
 from remat_explorer.engine import _jax_internals as jx
 from remat_explorer.engine.lowering import DEFAULT_STRATEGY, lower_checkpoint
+from remat_explorer.engine.refs import DEFAULT_REF_EFFECTS
 from remat_explorer.engine.residuals import log_residuals
 from remat_explorer.engine.split import split_jaxpr
 
@@ -40,20 +41,22 @@ checkpoint_p.multiple_results = True
 # -- bind ---------------------------------------------------------------------
 
 def _bind(*args, jaxpr, prevent_cse, differentiated, policy,
-          lowering=DEFAULT_STRATEGY):
+          lowering=DEFAULT_STRATEGY, ref_effects=DEFAULT_REF_EFFECTS):
   """Bind with the parameters every rule expects.
 
   `jaxpr` is closed-over-nothing: constants are ordinary leading inputs.
   `prevent_cse` is a bool, or one bool per input. `differentiated` is True
   for the staged (backward) copy that recomputes the forward values.
   `lowering` says how that copy is protected from XLA (see ``lowering``).
+  `ref_effects` says whether that copy re-performs writes to refs passed to
+  the block (see ``refs``).
   """
   assert not jaxpr.constvars
   assert isinstance(prevent_cse, bool) or len(prevent_cse) == len(args)
   return core.Primitive.bind(checkpoint_p, *args, jaxpr=jaxpr,
                              prevent_cse=prevent_cse,
                              differentiated=differentiated, policy=policy,
-                             lowering=lowering)
+                             lowering=lowering, ref_effects=ref_effects)
 
 checkpoint_p.bind = _bind
 
@@ -100,7 +103,8 @@ def _partial_eval(trace, *tracers, jaxpr, prevent_cse, **params):
   """Run the known part of the block now; stage the rest for later."""
   _check_effects_can_be_split(jaxpr)
   in_unknowns = [not t.is_known() for t in tracers]
-  split = split_jaxpr(jaxpr, in_unknowns, _checked_policy(params['policy']))
+  split = split_jaxpr(jaxpr, in_unknowns, _checked_policy(params['policy']),
+                      params['ref_effects'])
 
   known_values = [t.pval.get_known() for t in tracers if t.pval.is_known()]
   known_values = [v for v, used in zip(known_values, split.known_inputs_used) if used]

@@ -22,6 +22,8 @@ import numpy as np
 
 from remat_explorer.engine import _jax_internals as jx
 from remat_explorer.engine.policies import nothing_saveable
+from remat_explorer.engine.refs import (
+    DEFAULT_REF_EFFECTS, discharge_internal_refs, recompute_from_saved_ref_values)
 
 core = jx.core
 
@@ -46,17 +48,22 @@ class Split:
 
 
 def split_jaxpr(jaxpr: core.Jaxpr, in_unknowns: Sequence[bool],
-                policy=None) -> Split:
+                policy=None, ref_effects: str = DEFAULT_REF_EFFECTS) -> Split:
   """Split a checkpointed block's body into its forward and backward parts.
 
   `policy` of ``None`` means ``nothing_saveable``, as for ``checkpoint``.
+  `ref_effects` says whether the backward pass re-performs the block's writes
+  to refs passed to it (``"replay"``) or recomputes from their saved initial
+  values (``"once"``); see ``refs.py``.
   """
   return _split_jaxpr_cached(jaxpr, tuple(map(bool, in_unknowns)),
-                             policy or nothing_saveable)
+                             policy or nothing_saveable, ref_effects)
 
 
 @jx.weakref_lru_cache
-def _split_jaxpr_cached(jaxpr, in_unknowns, policy) -> Split:
+def _split_jaxpr_cached(jaxpr, in_unknowns, policy, ref_effects) -> Split:
+  in_avals = [v.aval for v in jaxpr.invars]
+  jaxpr = discharge_internal_refs(jaxpr)
   num_inputs = len(jaxpr.invars)
   known, staged, out_unknowns, out_instantiated, num_res = (
       jx.pe.partial_eval_jaxpr_custom(
@@ -73,8 +80,11 @@ def _split_jaxpr_cached(jaxpr, in_unknowns, policy) -> Split:
       known, [True] * num_known_outputs + residuals_read)
   num_res = sum(residuals_read)
   known = _round_residuals_to_dtype(known, num_res)
-  return Split(known, staged, tuple(out_unknowns), num_res,
-               tuple(known_inputs_used), tuple(staged_inputs_used))
+  split = Split(known, staged, tuple(out_unknowns), num_res,
+                tuple(known_inputs_used), tuple(staged_inputs_used))
+  if ref_effects == 'once':
+    split = recompute_from_saved_ref_values(split, in_avals, in_unknowns)
+  return split
 
 
 def _round_residuals_to_dtype(jaxpr: core.Jaxpr, num_res: int) -> core.Jaxpr:
