@@ -1,6 +1,32 @@
 """Analysis: a user function plus a policy, turned into plain data.
 
-Planned (see the project's issues): the known/staged split from the engine's
-``split_jaxpr``, residual accounting, and compiled costs from XLA's AOT API.
-Nothing is exported yet.
+* ``analyze(f, *args, policy=...) -> RematReport``: the forward and backward
+  jaxprs, the residuals and their origins, per-block splits, recompute and
+  FLOPs, from the very splits differentiation takes.
+* ``compile_costs(f, *args, policy=...) -> CompiledCosts``: XLA's compiled
+  memory, FLOPs and times for the gradient, and a memory timeline.
+* ``compare(f, *args) -> Comparison``: every policy side by side.
+* ``search_policy(f, *args, memory_budget=...) -> SearchResult``: a policy
+  that fits a memory budget with the fewest FLOPs.
+
+Modules: ``problem`` (checking input), ``program`` (finding blocks),
+``analyze``/``report``, ``flops``, ``compiled``/``timeline``, ``compare``,
+``search``, ``policy_info``.
 """
+
+from remat_explorer.analysis.analyze import analyze
+from remat_explorer.analysis.compare import (Comparison, PolicyRow,
+                                             builtin_policies, compare)
+from remat_explorer.analysis.compiled import CompiledCosts, compile_costs
+from remat_explorer.analysis.policy_info import NO_REMAT, describe_policy
+from remat_explorer.analysis.report import (BlockReport, EquationCost,
+                                            RecomputedEquation, RematReport,
+                                            Residual)
+from remat_explorer.analysis.timeline import Buffer, MemoryTimeline
+
+__all__ = [
+    'analyze', 'RematReport', 'Residual', 'BlockReport', 'RecomputedEquation',
+    'EquationCost', 'compile_costs', 'CompiledCosts', 'MemoryTimeline', 'Buffer',
+    'compare', 'Comparison', 'PolicyRow', 'builtin_policies', 'NO_REMAT',
+    'describe_policy',
+]

@@ -4,6 +4,7 @@ Modules, in the order a reader might take them:
 
 * ``policies``   - which values a checkpointed block may save.
 * ``split``      - the known/staged split of a block under a policy.
+* ``refs``       - mutable refs in blocks: private ones, and ``ref_effects``.
 * ``primitive``  - the ``checkpoint`` primitive and its transformation rules.
 * ``lowering``   - how a differentiated block is protected from XLA.
 * ``api``        - ``checkpoint`` / ``remat`` / ``checkpoint_name``.
@@ -15,12 +16,14 @@ from remat_explorer.engine.api import checkpoint, checkpoint_name, remat
 from remat_explorer.engine.lowering import lowering_strategy
 from remat_explorer.engine.policies import (Offloadable, Recompute, Saveable,
                                             checkpoint_policies)
-from remat_explorer.engine.primitive import checkpoint_p
-from remat_explorer.engine.residuals import print_saved_residuals, saved_residuals
+from remat_explorer.engine.primitive import SplitRecord, checkpoint_p, observe_splits
+from remat_explorer.engine.residuals import (ResidualOrigin, print_saved_residuals,
+                                             residual_origins, saved_residuals)
 from remat_explorer.engine.split import Split, split_jaxpr
 
 __all__ = [
     'checkpoint', 'remat', 'checkpoint_name', 'checkpoint_policies',
     'saved_residuals', 'print_saved_residuals', 'checkpoint_p',
     'split_jaxpr', 'Split', 'lowering_strategy', 'Saveable', 'Recompute', 'Offloadable',
+    'observe_splits', 'SplitRecord', 'residual_origins', 'ResidualOrigin',
 ]

@@ -36,6 +36,7 @@ from jax._src.util import (merge_lists, partition_list, split_list, unzip2,
 dot_general_p = lax_internal.dot_general_p
 conv_general_dilated_p = lax_convolution.conv_general_dilated_p
 reduce_precision_p = lax_internal.reduce_precision_p
+closed_call_p = core.closed_call_p
 
 # What a policy may answer besides a bool.
 Saveable = pe.Saveable

@@ -21,7 +21,10 @@ eval, JVP, partial eval, transpose, vmap, DCE, lowering, state discharge.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
+import threading
 
 from remat_explorer.engine import _jax_internals as jx
 from remat_explorer.engine.lowering import DEFAULT_STRATEGY, lower_checkpoint
@@ -81,6 +84,7 @@ def _jvp(primals, tangents, *, jaxpr, prevent_cse, **params):
   nonzero = [not isinstance(t, jx.ad_util.Zero) for t in tangents]
   jvp_closed, out_nonzero = ad.jvp_jaxpr(pe.close_jaxpr(jaxpr), nonzero, False)
   jvp_jaxpr = pe.convert_constvars_jaxpr(jvp_closed.jaxpr)
+  _note_derived(jvp_jaxpr, jaxpr)
   nonzero_tangents = [t for t, nz in zip(tangents, nonzero) if nz]
   if isinstance(prevent_cse, tuple):
     prevent_cse = ((False,) * len(jvp_closed.consts) + prevent_cse
@@ -105,6 +109,7 @@ def _partial_eval(trace, *tracers, jaxpr, prevent_cse, **params):
   in_unknowns = [not t.is_known() for t in tracers]
   split = split_jaxpr(jaxpr, in_unknowns, _checked_policy(params['policy']),
                       params['ref_effects'])
+  _note_split(jaxpr, in_unknowns, split, params)
 
   known_values = [t.pval.get_known() for t in tracers if t.pval.is_known()]
   known_values = [v for v, used in zip(known_values, split.known_inputs_used) if used]
@@ -136,6 +141,65 @@ def _partial_eval(trace, *tracers, jaxpr, prevent_cse, **params):
   return jx.merge_lists(list(split.out_unknowns), known_outs, out_tracers)
 
 pe.custom_partial_eval_rules[checkpoint_p] = _partial_eval
+
+
+# -- observing splits ----------------------------------------------------------
+#
+# The analysis layer asks "what did differentiation do to each block?" rather
+# than redoing it: while `observe_splits()` is active, every split taken by
+# the partial-eval rule is recorded, with the user's block it derives from.
+
+@dataclasses.dataclass(frozen=True)
+class SplitRecord:
+  block: core.Jaxpr
+  """The body of the block as the user's program holds it."""
+  jaxpr: core.Jaxpr
+  """The body that was split (the block's JVP, for reverse mode)."""
+  in_unknowns: tuple[bool, ...]
+  split: object
+  params: dict
+
+
+class _SplitObserver:
+  def __init__(self):
+    self.records: list[SplitRecord] = []
+    self.derived_from: dict[int, core.Jaxpr] = {}
+    self._keep_alive: list = []  # so that ids stay unique while observing
+
+  def origin(self, jaxpr):
+    while id(jaxpr) in self.derived_from:
+      jaxpr = self.derived_from[id(jaxpr)]
+    return jaxpr
+
+
+_observers = threading.local()
+
+
+def _active_observers() -> list:
+  return getattr(_observers, 'stack', [])
+
+
+@contextlib.contextmanager
+def observe_splits():
+  """Record every split taken while active; yields the list of records."""
+  observer = _SplitObserver()
+  _observers.stack = [*_active_observers(), observer]
+  try:
+    yield observer.records
+  finally:
+    _observers.stack = [o for o in _active_observers() if o is not observer]
+
+
+def _note_derived(new_jaxpr, from_jaxpr):
+  for observer in _active_observers():
+    observer.derived_from[id(new_jaxpr)] = from_jaxpr
+    observer._keep_alive.append(new_jaxpr)
+
+
+def _note_split(jaxpr, in_unknowns, split, params):
+  for observer in _active_observers():
+    observer.records.append(SplitRecord(
+        observer.origin(jaxpr), jaxpr, tuple(in_unknowns), split, dict(params)))
 
 
 def _check_effects_can_be_split(jaxpr):
@@ -280,6 +344,7 @@ def _vmap(axis_data, args, dims, *, jaxpr, **params):
       pe.close_jaxpr(jaxpr), axis_data, dims,
       [batching.zero_if_mapped] * len(jaxpr.outvars))
   batched_jaxpr = pe.convert_constvars_jaxpr(batched.jaxpr)
+  _note_derived(batched_jaxpr, jaxpr)
   prevent_cse = params.pop('prevent_cse')
   if isinstance(prevent_cse, tuple):
     prevent_cse = (False,) * len(batched.consts) + prevent_cse

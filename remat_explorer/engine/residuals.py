@@ -9,6 +9,7 @@ source line) that produced it. It reads programs that use our ``checkpoint``,
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import jax
@@ -44,9 +45,29 @@ def print_saved_residuals(f, *args, **kwargs) -> None:
     print(f'{aval.str_short(short_dtypes=True)} {description}')
 
 
-def describe_residuals(jaxpr: core.Jaxpr, arg_names: Sequence[str]
-                       ) -> list[tuple[core.AbstractValue, str]]:
-  """Describe each output of `jaxpr`, taken to be the residuals, by origin.
+@dataclass(frozen=True)
+class ResidualOrigin:
+  """Where one residual comes from, in data and in JAX's words."""
+  aval: core.AbstractValue
+  kind: str
+  """'literal', 'constant', 'argument' or 'equation'."""
+  description: str
+  """As ``saved_residuals`` says it, e.g. "named 'query' from model.py:12"."""
+  var: object = None
+  argument: str | None = None
+  """For an argument: its name (a path like ``params['w']``), if known."""
+  argument_index: int | None = None
+  equation_index: int | None = None
+  primitive: str | None = None
+  name: str | None = None
+  """The ``checkpoint_name`` of a named value."""
+  source: str | None = None
+  """``file:line (function)`` of the equation that produced it."""
+
+
+def residual_origins(jaxpr: core.Jaxpr, arg_names: Sequence[str]
+                     ) -> list[ResidualOrigin]:
+  """The origin of each output of `jaxpr`, taken to be the residuals.
 
   Results come grouped by origin (literals, constants, arguments, then
   equation outputs in program order), as JAX reports them.
@@ -59,29 +80,42 @@ def describe_residuals(jaxpr: core.Jaxpr, arg_names: Sequence[str]
   residual_vars = {rounded_from.get(x, x) for x in jaxpr.outvars
                    if not isinstance(x, core.Literal)}
 
-  described = [(x.aval, 'from a literal') for x in literals]
-  described += [(v.aval, 'from a constant') for v in jaxpr.constvars
-                if v in residual_vars]
+  origins = [ResidualOrigin(x.aval, 'literal', 'from a literal', var=x)
+             for x in literals]
+  origins += [ResidualOrigin(v.aval, 'constant', 'from a constant', var=v)
+              for v in jaxpr.constvars if v in residual_vars]
   for i, v in enumerate(jaxpr.invars):
     if v in residual_vars:
       where = (f'the argument {arg_names[i]}' if arg_names[i]
                else f'the argument at flattened index {i}')
-      described.append((v.aval, f'from {where}'))
-  for eqn in jaxpr.eqns:
+      origins.append(ResidualOrigin(
+          v.aval, 'argument', f'from {where}', var=v,
+          argument=arg_names[i] or None, argument_index=i))
+  for index, eqn in enumerate(jaxpr.eqns):
     for v in eqn.outvars:
       if v in residual_vars:
-        described.append((v.aval, _describe_output(eqn)))
-  return described
+        origins.append(_equation_origin(index, eqn, v))
+  return origins
 
 
-def _describe_output(eqn) -> str:
+def describe_residuals(jaxpr: core.Jaxpr, arg_names: Sequence[str]
+                       ) -> list[tuple[core.AbstractValue, str]]:
+  """``(aval, description)`` for each output of `jaxpr`, as JAX says them."""
+  return [(o.aval, o.description) for o in residual_origins(jaxpr, arg_names)]
+
+
+def _equation_origin(index, eqn, var) -> ResidualOrigin:
   where = jx.source_info_util.summarize(eqn.source_info)
   name = jx.name_of_named_value(eqn)
   if name:
-    return f"named '{name}' from {where}"
-  if eqn.primitive.name == 'jit':
-    return f"output of jitted function '{eqn.params['name']}' from {where}"
-  return f'output of {eqn.primitive.name} from {where}'
+    description = f"named '{name}' from {where}"
+  elif eqn.primitive.name == 'jit':
+    description = f"output of jitted function '{eqn.params['name']}' from {where}"
+  else:
+    description = f'output of {eqn.primitive.name} from {where}'
+  return ResidualOrigin(var.aval, 'equation', description, var=var,
+                        equation_index=index, primitive=eqn.primitive.name,
+                        name=name, source=where)
 
 
 def log_residuals(level: int, logger, split, staged_input_unknowns) -> None:

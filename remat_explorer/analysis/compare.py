@@ -1,0 +1,220 @@
+"""``compare``: every policy side by side, from the jaxpr and from XLA.
+
+One row per policy (plus the no-remat baseline): what the analysis says it
+saves and recomputes, and what XLA compiled. FLOPs come in two counts: the
+jaxpr's (scan trip counts applied; the one the charts use) and XLA's
+``cost_analysis`` (a while-loop body counted once).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from remat_explorer.analysis.analyze import analyze
+from remat_explorer.analysis.compiled import CompiledCosts, compile_costs
+from remat_explorer.analysis.policy_info import NO_REMAT, describe_policy
+from remat_explorer.analysis.report import RematReport, _plain
+from remat_explorer.engine.policies import checkpoint_policies
+
+FLOPS_USED_BY_CHARTS = 'jaxpr'
+"""Charts plot the jaxpr-derived FLOPs, which apply loop trip counts."""
+
+Progress = Callable[[int, int, str], None]
+
+
+def builtin_policies(names_in_program: Sequence[str] = ()) -> dict[str, Any]:
+  """Every built-in policy that applies to a program with these names."""
+  policies = {
+      'nothing_saveable': checkpoint_policies.nothing_saveable,
+      'dots_with_no_batch_dims_saveable':
+          checkpoint_policies.dots_with_no_batch_dims_saveable,
+      'dots_saveable': checkpoint_policies.dots_saveable,
+      'everything_saveable': checkpoint_policies.everything_saveable,
+  }
+  if names_in_program:
+    policy = checkpoint_policies.save_only_these_names(*names_in_program)
+    policies[describe_policy(policy)] = policy
+  return policies
+
+
+@dataclass(frozen=True)
+class PolicyRow:
+  """One policy: the analysis and XLA's compiled figures."""
+  label: str
+  policy: Any = dataclasses.field(repr=False, compare=False)
+  report: RematReport | None = dataclasses.field(repr=False, compare=False)
+  costs: CompiledCosts = dataclasses.field(repr=False, compare=False)
+  residual_bytes: int | None
+  flops: int | None
+  """Forward + backward FLOPs from the jaxpr, trip counts applied."""
+  recompute_flops: int | None
+  xla_flops: float | None
+  temp_bytes: int | None
+  peak_bytes: int | None
+  compile_seconds: float | None
+  run_seconds: float | None
+  failed: bool
+  recompute_eliminated: str | None = None
+  """Set when XLA merged recomputed matmuls away: the policy's memory saving
+  then does not happen, whatever the jaxpr says."""
+  on_pareto_front: bool = False
+
+
+@dataclass(frozen=True)
+class Comparison:
+  function: str
+  device_kind: str
+  platform: str
+  rows: tuple[PolicyRow, ...]
+  warnings: tuple[str, ...]
+  flops_used_by_charts: str = FLOPS_USED_BY_CHARTS
+
+  @property
+  def baseline(self) -> PolicyRow | None:
+    return next((r for r in self.rows if r.policy is NO_REMAT), None)
+
+  @property
+  def pareto_front(self) -> tuple[PolicyRow, ...]:
+    return tuple(r for r in self.rows if r.on_pareto_front)
+
+  def row(self, label: str) -> PolicyRow:
+    for r in self.rows:
+      if r.label == label:
+        return r
+    raise KeyError(f'no policy {label!r} in this comparison; it has '
+                   f'{[r.label for r in self.rows]}')
+
+  def to_dict(self) -> dict:
+    out = _plain(dataclasses.replace(self, rows=()))
+    out['rows'] = [dict(_plain(r), costs=r.costs.to_dict(),
+                        report=None if r.report is None else r.report.to_dict())
+                   for r in self.rows]
+    return out
+
+
+def compare(f, *args, policies: Mapping[str, Any] | Sequence | None = None,
+            lowering: str | None = None, argnums=0, repeats: int = 0,
+            include_no_remat: bool = True, progress: Progress | None = None,
+            **kwargs) -> Comparison:
+  """Analyze and compile `f`'s gradient under each policy.
+
+  `policies`: a mapping label -> policy, a sequence of policies or of names
+  of ``checkpoint_policies`` entries (``'dots_saveable'``), or ``None`` for
+  every built-in policy that applies (named-value ones with the program's
+  own names). `progress(i, n, label)` is called before each policy.
+  """
+  first = analyze(f, *args, argnums=argnums, **kwargs)
+  chosen = _resolve_policies(policies, first.names_in_program)
+  if include_no_remat:
+    chosen = {'no remat': NO_REMAT, **chosen}
+  rows = []
+  for i, (label, policy) in enumerate(chosen.items()):
+    if progress is not None:
+      progress(i, len(chosen), label)
+    report = None if policy is NO_REMAT else analyze(
+        f, *args, policy=policy, lowering=lowering, argnums=argnums, **kwargs)
+    costs = compile_costs(f, *args, policy=policy, lowering=lowering,
+                          argnums=argnums, repeats=repeats, **kwargs)
+    rows.append(_row(label, policy, report, costs))
+  if progress is not None:
+    progress(len(chosen), len(chosen), 'done')
+  rows = _mark_pareto_front(rows)
+  device = rows[0].costs
+  return Comparison(function=first.function, device_kind=device.device_kind,
+                    platform=device.platform, rows=tuple(rows),
+                    warnings=tuple(_memory_did_not_drop(rows)))
+
+
+def _resolve_policies(policies, names_in_program) -> dict[str, Any]:
+  if policies is None:
+    return builtin_policies(names_in_program)
+  if isinstance(policies, Mapping):
+    return dict(policies)
+  resolved = {}
+  for p in policies:
+    if isinstance(p, str):
+      if not hasattr(checkpoint_policies, p) or p.startswith(('save_', 'offload_')):
+        raise ValueError(
+            f'{p!r} is not a ready-made policy of checkpoint_policies; name one '
+            f'of {sorted(builtin_policies())} or pass the policy object, e.g. '
+            "checkpoint_policies.save_only_these_names('query').")
+      resolved[p] = getattr(checkpoint_policies, p)
+    elif callable(p):
+      resolved[describe_policy(p)] = p
+    else:
+      raise TypeError(f'policies must hold policies or their names; got {p!r}')
+  return resolved
+
+
+def _row(label, policy, report, costs) -> PolicyRow:
+  if report is not None:
+    flops, recompute, residual = report.total_flops, report.recompute_flops, report.residual_bytes
+  else:
+    flops = recompute = residual = None
+  return PolicyRow(
+      label=label, policy=policy, report=report, costs=costs,
+      residual_bytes=residual, flops=flops, recompute_flops=recompute,
+      xla_flops=costs.xla_flops, temp_bytes=costs.temp_bytes,
+      peak_bytes=costs.peak_bytes, compile_seconds=costs.compile_seconds,
+      run_seconds=costs.run_seconds, failed=costs.failed,
+      recompute_eliminated=recompute_eliminated(report, costs))
+
+
+_MATMULS = ('dot_general', 'conv_general_dilated')
+
+
+def recompute_eliminated(report: RematReport | None, costs: CompiledCosts) -> str | None:
+  """Say so when the compiled program has fewer matmuls than the lowered one
+  while the policy asks for matmuls to be recomputed."""
+  if report is None or costs.failed or costs.lowered_matmuls is None:
+    return None
+  recomputed = sum(1 for b in report.blocks if b.differentiated
+                   for e in b.recomputed if e.primitive in _MATMULS)
+  merged = costs.lowered_matmuls - costs.compiled_matmuls
+  if recomputed == 0 or merged <= 0:
+    return None
+  return (f'recompute eliminated by the compiler: the backward pass should '
+          f'recompute {recomputed} matmul(s); the lowered program has '
+          f'{costs.lowered_matmuls}, the optimized one {costs.compiled_matmuls}, so '
+          f'{min(merged, recomputed)} recomputed matmul(s) were merged with the '
+          'forward pass and their outputs are kept alive instead.')
+
+
+def _flops_for_front(row: PolicyRow):
+  return row.flops if row.flops is not None else row.xla_flops
+
+
+def _mark_pareto_front(rows: list[PolicyRow]) -> list[PolicyRow]:
+  """A row is on the front if no other row is at least as good on both peak
+  memory and FLOPs and better on one."""
+  usable = [r for r in rows if not r.failed and r.peak_bytes is not None
+            and _flops_for_front(r) is not None]
+
+  def dominated(r):
+    return any(o.peak_bytes <= r.peak_bytes and _flops_for_front(o) <= _flops_for_front(r)
+               and (o.peak_bytes < r.peak_bytes or _flops_for_front(o) < _flops_for_front(r))
+               for o in usable)
+  front = {id(r) for r in usable if not dominated(r)}
+  return [dataclasses.replace(r, on_pareto_front=id(r) in front) for r in rows]
+
+
+def _memory_did_not_drop(rows: list[PolicyRow]) -> list[str]:
+  baseline = next((r for r in rows if r.policy is NO_REMAT and not r.failed), None)
+  if baseline is None:
+    return []
+  warnings = []
+  for r in rows:
+    if r is baseline or r.failed or r.peak_bytes is None or r.peak_bytes < baseline.peak_bytes:
+      continue
+    # Arguments are alive anyway; the residuals worth pointing at are the rest.
+    biggest = sorted((x for x in r.report.residuals if x.kind != 'argument'),
+                     key=lambda x: -x.bytes)[:3] if r.report else []
+    dominant = '; '.join(f'{x.type_string} {x.description}' for x in biggest)
+    warnings.append(
+        f'{r.label}: compiled peak {r.peak_bytes:,} bytes is not below no '
+        f'remat\'s {baseline.peak_bytes:,} bytes. Largest residuals besides '
+        f'arguments: {dominant or "none"}.'
+        + (f' {r.recompute_eliminated}' if r.recompute_eliminated else ''))
+  return warnings

@@ -1,0 +1,278 @@
+"""``compile_costs``: what XLA makes of a gradient under a policy, measured.
+
+The gradient (``grad`` for a scalar output, a VJP with a ones cotangent
+otherwise) is lowered and compiled with JAX's AOT API on the default device;
+every number here comes from the compiled executable (``memory_analysis``,
+``cost_analysis``, its HLO text) or from running it. Nothing is estimated.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import numpy as np
+
+from remat_explorer.analysis.problem import Problem
+from remat_explorer.analysis.program import PolicyChoice, policy_label
+from remat_explorer.engine import _jax_internals as jx
+from remat_explorer.analysis.timeline import MemoryTimeline, memory_timeline
+
+
+@dataclass(frozen=True)
+class CompiledCosts:
+  """XLA's own figures for one compiled gradient. Sizes in bytes."""
+  function: str
+  policy: str
+  lowering: str
+  platform: str
+  device_kind: str
+  failed: bool = False
+  error: str | None = None
+  """XLA's message when the compile failed."""
+  argument_bytes: int | None = None
+  output_bytes: int | None = None
+  alias_bytes: int | None = None
+  temp_bytes: int | None = None
+  generated_code_bytes: int | None = None
+  peak_memory_bytes: int | None = None
+  """``memory_analysis().peak_memory_in_bytes``. On the CPU it counts only
+  arguments and outputs; on GPUs temporaries too."""
+  host_argument_bytes: int | None = None
+  host_output_bytes: int | None = None
+  host_alias_bytes: int | None = None
+  host_temp_bytes: int | None = None
+  xla_flops: float | None = None
+  """``cost_analysis()['flops']``: XLA counts a while-loop body once."""
+  bytes_accessed: float | None = None
+  transcendentals: float | None = None
+  lower_seconds: float | None = None
+  compile_seconds: float | None = None
+  run_seconds: float | None = None
+  """Median over `repeats` runs after a warm-up; None when not run."""
+  measured_peak_bytes: int | None = None
+  """The device's ``memory_stats()['peak_bytes_in_use']`` after running,
+  where the device reports it (GPUs; not the CPU)."""
+  lowered_matmuls: int | None = None
+  """dot/convolution ops in the lowered (StableHLO) program, loop bodies once."""
+  compiled_matmuls: int | None = None
+  """The same in the optimized HLO: fewer means XLA merged some away."""
+  timeline: MemoryTimeline | None = field(default=None, repr=False)
+  notes: tuple[str, ...] = ()
+
+  @property
+  def total_bytes(self) -> int | None:
+    """Arguments + outputs + temporaries - aliased: the live footprint XLA
+    accounts for on the device."""
+    if self.failed:
+      return None
+    return (self.argument_bytes + self.output_bytes + self.temp_bytes
+            - self.alias_bytes)
+
+  @property
+  def peak_bytes(self) -> int | None:
+    """The best peak figure available: XLA's peak where it covers
+    temporaries, otherwise the timeline's peak along the schedule, otherwise
+    the total footprint."""
+    if self.failed:
+      return None
+    if self.platform != 'cpu' and self.peak_memory_bytes:
+      return self.peak_memory_bytes
+    if self.timeline is not None:
+      return self.timeline.peak_bytes
+    return self.total_bytes
+
+  def to_dict(self) -> dict:
+    from remat_explorer.analysis.report import _plain
+    out = _plain(self)
+    out['timeline'] = None if self.timeline is None else self.timeline.to_dict()
+    out['total_bytes'] = self.total_bytes
+    out['peak_bytes'] = self.peak_bytes
+    return out
+
+
+_cache: dict = {}
+
+
+def compile_costs(f, *args, policy: PolicyChoice = None, lowering: str | None = None,
+                  argnums: int | tuple[int, ...] = 0, donate_argnums=(),
+                  repeats: int = 0, compiler_options: dict | None = None,
+                  **kwargs) -> CompiledCosts:
+  """Compile the gradient of `f` at `args` and report XLA's figures.
+
+  `policy`, `lowering` and `argnums` mean what they mean for ``analyze``
+  (``NO_REMAT`` as the policy gives the no-remat baseline). `donate_argnums`
+  is passed to ``jax.jit``, so donated buffers show as aliased memory.
+  With `repeats` > 0 the gradient is also run: the median time of `repeats`
+  runs after a warm-up, and the device's measured peak where it reports one.
+  A compile that XLA refuses (out of memory, ...) gives a ``CompiledCosts``
+  with ``failed=True`` and XLA's message. Results are cached by function,
+  argument shapes and dtypes, policy, lowering and device.
+  """
+  problem = Problem.make(f, args, kwargs, argnums)
+  donate = (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)
+  key = (f, problem.in_tree, tuple(map(leaf_key, problem.leaves)),
+         policy_key(policy), lowering, problem.argnums, donate, repeats,
+         tuple(sorted((compiler_options or {}).items())), str(jax.devices()[0]))
+  try:
+    cached = _cache.get(key)
+  except TypeError:  # an unhashable policy or option: no caching
+    key, cached = None, None
+  if cached is not None:
+    return cached
+  program, blocks = problem.program_with_blocks(policy, lowering)
+  run_program = jx.core.jaxpr_as_fun(program)
+  costs = measure(
+      gradient_function(run_program, problem), problem.leaves,
+      function=problem.name, policy=policy_label(policy, blocks),
+      lowering=lowering or ', '.join(sorted({b.lowering for b in blocks})),
+      donate_argnums=_leaf_positions(problem, donate), repeats=repeats,
+      compiler_options=compiler_options)
+  if key is not None:
+    _cache[key] = costs
+  return costs
+
+
+def _leaf_positions(problem, donate_argnums) -> tuple[int, ...]:
+  """Flat leaf positions of the donated positional arguments."""
+  args, _ = jax.tree_util.tree_unflatten(problem.in_tree, problem.leaves)
+  starts = np.cumsum([0, *(len(jax.tree_util.tree_leaves(a)) for a in args)])
+  return tuple(j for i in donate_argnums for j in range(starts[i], starts[i + 1]))
+
+
+def gradient_function(run_program, problem):
+  """The function compiled: ``jax.grad`` when the function returns one float
+  scalar (exactly what a training step differentiates), else the VJP with a
+  ones cotangent, returning the outputs and the gradients."""
+  def split(leaves):
+    diff = [x for x, d in zip(leaves, problem.diff_mask) if d]
+    other = [x for x, d in zip(leaves, problem.diff_mask) if not d]
+    return diff, (lambda *d: run_program(*problem.merge(d, other)))
+
+  outs = jax.eval_shape(run_program, *problem.leaves)
+  if len(outs) == 1 and outs[0].shape == () and _differentiable(outs[0]):
+    def grad_step(*leaves):
+      diff, primal = split(leaves)
+      return jax.grad(lambda *d: primal(*d)[0], argnums=tuple(range(len(diff))))(*diff)
+    return grad_step
+
+  def vjp_step(*leaves):
+    diff, primal = split(leaves)
+    outs, vjp_fn = jax.vjp(primal, *diff)
+    cotangents = [jax.numpy.ones_like(o) if _differentiable(o) else
+                  np.zeros(o.shape, jax.dtypes.float0) for o in outs]
+    return outs, vjp_fn(cotangents)
+  return vjp_step
+
+
+def _differentiable(x) -> bool:
+  return jax.numpy.issubdtype(x.dtype, jax.numpy.inexact)
+
+
+def measure(step, leaves, *, function, policy, lowering, donate_argnums=(),
+            repeats=0, compiler_options=None) -> CompiledCosts:
+  device = jax.devices()[0]
+  common = dict(function=function, policy=policy, lowering=lowering,
+                platform=device.platform, device_kind=device.device_kind)
+  start = time.perf_counter()
+  lowered = jax.jit(step, donate_argnums=donate_argnums).lower(*leaves)
+  lower_seconds = time.perf_counter() - start
+  start = time.perf_counter()
+  try:
+    compiled = lowered.compile(compiler_options)
+  except Exception as e:  # XLA's errors (out of memory, bad options, ...)
+    if not _is_xla_error(e):
+      raise
+    return CompiledCosts(**common, failed=True, error=f'{type(e).__name__}: {e}',
+                         lower_seconds=lower_seconds)
+  compile_seconds = time.perf_counter() - start
+  memory = compiled.memory_analysis()
+  cost = compiled.cost_analysis() or {}
+  cost = cost[0] if isinstance(cost, list) else cost
+  notes = []
+  try:
+    timeline = memory_timeline(compiled)
+  except Exception as e:  # the timeline is a reading of XLA's text format
+    timeline = None
+    notes.append(f'memory timeline unavailable: {type(e).__name__}: {e}')
+  run_seconds, measured_peak = _run(compiled, leaves, repeats, donate_argnums, notes)
+  return CompiledCosts(
+      **common,
+      argument_bytes=memory.argument_size_in_bytes,
+      output_bytes=memory.output_size_in_bytes,
+      alias_bytes=memory.alias_size_in_bytes,
+      temp_bytes=memory.temp_size_in_bytes,
+      generated_code_bytes=memory.generated_code_size_in_bytes,
+      peak_memory_bytes=getattr(memory, 'peak_memory_in_bytes', None),
+      host_argument_bytes=memory.host_argument_size_in_bytes,
+      host_output_bytes=memory.host_output_size_in_bytes,
+      host_alias_bytes=memory.host_alias_size_in_bytes,
+      host_temp_bytes=memory.host_temp_size_in_bytes,
+      xla_flops=cost.get('flops'), bytes_accessed=cost.get('bytes accessed'),
+      transcendentals=cost.get('transcendentals'),
+      lower_seconds=lower_seconds, compile_seconds=compile_seconds,
+      run_seconds=run_seconds, measured_peak_bytes=measured_peak,
+      lowered_matmuls=count_matmuls_lowered(lowered.as_text()),
+      compiled_matmuls=count_matmuls_compiled(compiled.as_text()),
+      timeline=timeline, notes=tuple(notes))
+
+
+def _is_xla_error(e: Exception) -> bool:
+  return (isinstance(e, getattr(jax.errors, 'JaxRuntimeError', ()))
+          or type(e).__name__ in ('XlaRuntimeError', 'JaxRuntimeError'))
+
+
+def _run(compiled, leaves, repeats, donate_argnums, notes):
+  if repeats <= 0:
+    return None, None
+  if any(isinstance(x, jax.ShapeDtypeStruct) for x in leaves):
+    notes.append('not run: the arguments are shapes only (ShapeDtypeStruct)')
+    return None, None
+  if donate_argnums:
+    notes.append('run with fresh copies of donated arguments each time')
+
+  def fresh():
+    return [jax.numpy.array(x, copy=True) if i in donate_argnums else x
+            for i, x in enumerate(leaves)]
+
+  jax.block_until_ready(compiled(*fresh()))  # warm-up
+  times = []
+  for _ in range(repeats):
+    args = fresh()
+    start = time.perf_counter()
+    jax.block_until_ready(compiled(*args))
+    times.append(time.perf_counter() - start)
+  stats = jax.devices()[0].memory_stats() or {}
+  return statistics.median(times), stats.get('peak_bytes_in_use')
+
+
+# Matmul-like ops: StableHLO's ops, and in optimized HLO the instructions or
+# the library calls (cuBLAS/cuDNN) and Triton GEMM fusions that implement them.
+_LOWERED_MATMUL = re.compile(r'\bstablehlo\.(dot_general|dot|convolution)\b')
+_COMPILED_MATMUL = re.compile(
+    r'=\s*\S+\s+(dot|convolution)\(|custom_call_target="__(cublas|cudnn)[^"]*"'
+    r'|"__triton_gemm"')
+
+
+def count_matmuls_lowered(stablehlo_text: str) -> int:
+  return len(_LOWERED_MATMUL.findall(stablehlo_text))
+
+
+def count_matmuls_compiled(hlo_text: str) -> int:
+  return len(_COMPILED_MATMUL.findall(hlo_text))
+
+
+def leaf_key(x) -> Any:
+  """Shape, dtype (and sharding) of an argument leaf, for cache keys."""
+  dtype = x.dtype if hasattr(x, 'dtype') else np.result_type(x)
+  return (tuple(np.shape(x)), str(dtype), str(getattr(x, 'sharding', '')))
+
+
+def policy_key(policy: PolicyChoice) -> Any:
+  if isinstance(policy, dict):
+    return tuple(sorted(policy.items()))
+  return policy

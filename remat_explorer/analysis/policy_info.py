@@ -1,0 +1,131 @@
+"""What a policy is, in words: its name, the names it refers to, and the
+mistakes in it that JAX accepts silently.
+
+A named-value policy whose names match no ``checkpoint_name`` in the program
+saves nothing it was meant to save; a name both saved and offloaded is
+ambiguous. Both are easy to make (a typo, a renamed layer) and invisible in
+the results, so the report says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+from remat_explorer.engine import policies as ours
+
+
+class _NoRemat:
+  """Pass as `policy` to run every block as a plain call: no remat at all."""
+
+  def __repr__(self):
+    return 'NO_REMAT'
+
+NO_REMAT = _NoRemat()
+
+
+def describe_policy(policy) -> str:
+  """A short, readable name for a policy, ours or JAX's."""
+  if policy is None:
+    return 'nothing_saveable (default)'
+  if policy is NO_REMAT:
+    return 'no remat'
+  if isinstance(policy, ours.DotsSaveable):
+    return ('dots_with_no_batch_dims_saveable' if policy.only_if_no_batch_dims
+            else 'dots_saveable')
+  for cls, factory in _NAMED_POLICY_FACTORIES.items():
+    if isinstance(policy, cls):
+      return f"{factory}({', '.join(map(repr, sorted(policy.names)))})"
+  if isinstance(policy, ours.SaveAndOffloadOnlyTheseNames):
+    return (f'save_and_offload_only_these_names(saved={sorted(policy.saved)}, '
+            f'offloaded={sorted(policy.offloaded)})')
+  if isinstance(policy, ours.SaveFromBothPolicies):
+    return (f'save_from_both_policies({describe_policy(policy.first)}, '
+            f'{describe_policy(policy.second)})')
+  qualname = getattr(policy, '__qualname__', None)
+  if qualname and '.<locals>' in qualname:  # JAX's policies built by a factory
+    names = sorted(policy_names(policy)[0])
+    return f"{qualname.split('.<locals>')[0]}({', '.join(map(repr, names))})"
+  return getattr(policy, '__name__', None) or repr(policy)
+
+
+_NAMED_POLICY_FACTORIES = {
+    ours.SaveOnlyTheseNames: 'save_only_these_names',
+    ours.SaveAnyNamesButThese: 'save_any_names_but_these',
+    ours.SaveAnythingExceptTheseNames: 'save_anything_except_these_names',
+}
+
+
+def policy_names(policy) -> tuple[frozenset[str], frozenset[str]]:
+  """(names the policy refers to, names it both saves and offloads)."""
+  if isinstance(policy, (ours.SaveOnlyTheseNames, ours.SaveAnyNamesButThese,
+                         ours.SaveAnythingExceptTheseNames)):
+    return policy.names, frozenset()
+  if isinstance(policy, ours.SaveAndOffloadOnlyTheseNames):
+    return policy.saved | policy.offloaded, policy.saved & policy.offloaded
+  if isinstance(policy, ours.SaveFromBothPolicies):
+    first, second = policy_names(policy.first), policy_names(policy.second)
+    return first[0] | second[0], first[1] | second[1]
+  if dataclasses.is_dataclass(policy):  # JAX's own name policies, e.g.
+    return frozenset().union(*(
+        v for v in vars(policy).values() if _is_name_set(v))), frozenset()
+  return _names_in_closure(policy), _saved_and_offloaded_in_closure(policy)
+
+
+def _is_name_set(value) -> bool:
+  return (isinstance(value, (set, frozenset, list, tuple)) and bool(value)
+          and all(isinstance(v, str) for v in value))
+
+
+def _string_sets_in_closure(policy) -> list[frozenset[str]]:
+  # JAX's name policies are closures over the sets of names they were given.
+  cells = getattr(policy, '__closure__', None) or ()
+  found = []
+  for cell in cells:
+    try:
+      value = cell.cell_contents
+    except ValueError:  # an empty cell
+      continue
+    if _is_name_set(value):
+      found.append(frozenset(value))
+    elif callable(value) and getattr(value, '__closure__', None):
+      found.extend(_string_sets_in_closure(value))
+  return found
+
+
+def _names_in_closure(policy) -> frozenset[str]:
+  return frozenset().union(*_string_sets_in_closure(policy))
+
+
+def _saved_and_offloaded_in_closure(policy) -> frozenset[str]:
+  if 'offload' not in getattr(policy, '__qualname__', ''):
+    return frozenset()
+  sets = _string_sets_in_closure(policy)
+  return (sets[0] & sets[1]) if len(sets) >= 2 else frozenset()
+
+
+def policy_warnings(policies: Iterable, names_in_program: Iterable[str]) -> list[str]:
+  """Warnings about `policies` (one per distinct policy) for this program."""
+  names_in_program = set(names_in_program)
+  warnings, seen = [], set()
+  for policy in policies:
+    key = repr(policy)
+    if policy is None or key in seen:
+      continue
+    seen.add(key)
+    names, both = policy_names(policy)
+    unmatched = sorted(names - names_in_program)
+    if unmatched:
+      known = ', '.join(sorted(names_in_program)) or 'none'
+      warnings.append(
+          f'policy {describe_policy(policy)} refers to checkpoint_name(s) '
+          f'{", ".join(unmatched)} that do not occur in the program '
+          f'(names in the program: {known}); it cannot save those values.')
+    if both:
+      warnings.append(
+          f'policy {describe_policy(policy)} lists {", ".join(sorted(both))} both to save '
+          'on the device and to offload; the saved list wins, so these values '
+          'are not offloaded.')
+  return warnings
+
+

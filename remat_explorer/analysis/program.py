@@ -1,0 +1,184 @@
+"""Find the remat blocks in a user's program, and set their policy.
+
+A program reaches the analysis as a jaxpr. Its remat blocks may be ours
+(``checkpoint``) or JAX's (``jax.checkpoint``, e.g. inside a Flax model), and
+may sit inside ``scan``, ``cond``, ``jit`` or other blocks. ``find_blocks``
+walks the program, turns every JAX block into ours (the same body and
+parameters, so the same split) and, when asked, replaces policies and
+lowerings; it returns the rewritten program and where each block sits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from remat_explorer.analysis.policy_info import NO_REMAT, describe_policy
+from remat_explorer.engine import _jax_internals as jx
+from remat_explorer.engine.lowering import DEFAULT_STRATEGY, check_strategy
+from remat_explorer.engine.primitive import checkpoint_p
+from remat_explorer.engine.refs import DEFAULT_REF_EFFECTS
+
+core = jx.core
+
+PolicyChoice = Callable[..., Any] | Mapping[str, Callable[..., Any]] | None
+
+
+
+
+@dataclass(frozen=True)
+class BlockSite:
+  """One remat block of the program."""
+  index: int
+  name: str
+  """The checkpointed function's name, made unique with ``#n`` if repeated."""
+  function: str
+  """The checkpointed function's own name (what ``policy={name: ...}`` matches)."""
+  path: tuple[str, ...]
+  """The constructs enclosing the block, outermost first, e.g. ``('scan×16',)``."""
+  trip_count: int | None
+  """How many times the block runs per call: the product of enclosing scan
+  lengths; ``None`` inside a ``while`` loop, whose trip count is not static."""
+  body: core.Jaxpr
+  policy: Any
+  lowering: str
+  source: str | None
+  library: str
+  """``'remat_explorer'`` or ``'jax'``: whose ``checkpoint`` the user called."""
+  parent: int | None
+  """Index of the block this one is nested in, if any."""
+
+
+def find_blocks(closed: core.ClosedJaxpr, policy: PolicyChoice = None,
+                lowering: str | None = None
+                ) -> tuple[core.ClosedJaxpr, list[BlockSite]]:
+  """Rewrite `closed` so every block is ours, with `policy` and `lowering`.
+
+  `policy`: ``None`` keeps each block's own policy; a callable replaces all;
+  a mapping from block function name to policy replaces those blocks only;
+  ``NO_REMAT`` turns every block into a plain call (the no-remat baseline).
+  """
+  if lowering is not None:
+    check_strategy(lowering)
+  _check_policy_choice(policy)
+  walker = _Walker(policy, lowering)
+  jaxpr = walker.rewrite(closed.jaxpr, path=(), trip_count=1, parent=None)
+  if isinstance(policy, Mapping):
+    found = {b.function for b in walker.blocks}
+    missing = sorted(set(policy) - found)
+    if missing:
+      raise ValueError(
+          f'policy= names block(s) {missing} that are not in the program; its '
+          f'remat blocks are {sorted(found) or "none"}. Block names are the '
+          'names of the checkpointed functions.')
+  return core.ClosedJaxpr(jaxpr, closed.consts), walker.blocks
+
+
+def _check_policy_choice(policy) -> None:
+  if policy is None or policy is NO_REMAT or callable(policy):
+    return
+  if isinstance(policy, Mapping):
+    for name, p in policy.items():
+      if not isinstance(name, str) or not callable(p):
+        raise TypeError(
+            'policy= as a mapping must map block names (str) to callable '
+            f'policies, but maps {name!r} to {p!r}.')
+    return
+  raise TypeError(
+      f'policy= must be a callable remat policy (e.g. '
+      f'checkpoint_policies.dots_saveable), a mapping from block name to '
+      f'policy, or None, but got {type(policy).__name__}: {policy!r}.')
+
+
+class _Walker:
+
+  def __init__(self, policy, lowering):
+    self.policy, self.lowering = policy, lowering
+    self.blocks: list[BlockSite] = []
+    self._name_counts: dict[str, int] = {}
+
+  def rewrite(self, jaxpr: core.Jaxpr, path, trip_count, parent) -> core.Jaxpr:
+    eqns = [self._rewrite_eqn(e, path, trip_count, parent) for e in jaxpr.eqns]
+    return jaxpr.replace(eqns=eqns)
+
+  def _rewrite_eqn(self, eqn, path, trip_count, parent):
+    if eqn.primitive is checkpoint_p or eqn.primitive is jx.jax_remat_p:
+      return self._rewrite_block(eqn, path, trip_count, parent)
+    if eqn.primitive.name.startswith('custom_'):
+      return eqn  # its rules are user code over the original body
+    step, inner_trips = _construct(eqn)
+    inner_trip_count = (None if trip_count is None or inner_trips is None
+                        else trip_count * inner_trips)
+    new_params = {
+        k: _map_jaxprs(v, lambda j: self.rewrite(j, (*path, step), inner_trip_count, parent))
+        for k, v in eqn.params.items()}
+    if all(new_params[k] is eqn.params[k] for k in eqn.params):
+      return eqn
+    return eqn.replace(params=new_params)
+
+  def _rewrite_block(self, eqn, path, trip_count, parent):
+    dbg = eqn.params['jaxpr'].debug_info
+    function = (dbg.func_name if dbg else None) or 'checkpointed'
+    count = self._name_counts.get(function, 0) + 1
+    self._name_counts[function] = count
+    index = len(self.blocks)
+    self.blocks.append(None)  # reserve the index; nested blocks come after
+    body = self.rewrite(eqn.params['jaxpr'], (*path, function), trip_count, index)
+    policy = self._policy_for(function, eqn.params['policy'])
+    lowering = self.lowering or eqn.params.get('lowering', DEFAULT_STRATEGY)
+    params = dict(jaxpr=body, prevent_cse=eqn.params['prevent_cse'],
+                  differentiated=eqn.params['differentiated'], policy=policy,
+                  lowering=lowering,
+                  ref_effects=eqn.params.get('ref_effects', DEFAULT_REF_EFFECTS))
+    self.blocks[index] = BlockSite(
+        index=index, name=function if count == 1 else f'{function}#{count}',
+        function=function, path=path, trip_count=trip_count, body=body,
+        policy=policy, lowering=lowering,
+        source=jx.source_info_util.summarize(eqn.source_info),
+        library='remat_explorer' if eqn.primitive is checkpoint_p else 'jax',
+        parent=parent)
+    if policy is NO_REMAT:
+      return core.new_jaxpr_eqn(
+          eqn.invars, eqn.outvars, jx.closed_call_p,
+          dict(call_jaxpr=core.ClosedJaxpr(body, [])), eqn.effects,
+          eqn.source_info, eqn.ctx)
+    return core.new_jaxpr_eqn(eqn.invars, eqn.outvars, checkpoint_p, params,
+                              eqn.effects, eqn.source_info, eqn.ctx)
+
+  def _policy_for(self, function, own_policy):
+    if isinstance(self.policy, Mapping):
+      return self.policy.get(function, own_policy)
+    return own_policy if self.policy is None else self.policy
+
+
+def _construct(eqn) -> tuple[str, int | None]:
+  """How an equation's sub-programs are shown in a path, and their trip count."""
+  name = eqn.primitive.name
+  if name == 'scan':
+    return f"scan×{eqn.params['length']}", eqn.params['length']
+  if name == 'while':
+    return 'while', None
+  if name == 'jit':
+    return f"jit({eqn.params.get('name', '')})", 1
+  return name, 1
+
+
+def _map_jaxprs(value, fn):
+  """Apply `fn` to every (closed) jaxpr in a parameter value."""
+  if isinstance(value, core.ClosedJaxpr):
+    new = fn(value.jaxpr)
+    return value if new is value.jaxpr else core.ClosedJaxpr(new, value.consts)
+  if isinstance(value, core.Jaxpr):
+    return fn(value)
+  if isinstance(value, tuple) and any(
+      isinstance(v, (core.Jaxpr, core.ClosedJaxpr)) for v in value):
+    new = tuple(_map_jaxprs(v, fn) for v in value)
+    return value if all(a is b for a, b in zip(new, value)) else new
+  return value
+
+
+def policy_label(policy, blocks) -> str:
+  """The policy of a whole analysis: the one given, or the blocks' own."""
+  if policy is None or isinstance(policy, Mapping):
+    return '; '.join(sorted({describe_policy(b.policy) for b in blocks}))
+  return describe_policy(policy)

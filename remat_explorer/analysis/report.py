@@ -1,0 +1,149 @@
+"""The plain data ``analyze`` returns: what a policy saves and recomputes.
+
+Every object here is frozen data; ``to_dict()`` gives JSON-serializable
+output (jaxprs as text). The viz layer renders these and nothing else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Residual:
+  """One value the forward pass keeps for the backward pass."""
+  index: int
+  shape: tuple[int, ...]
+  dtype: str
+  bytes: int
+  kind: str
+  """'argument', 'equation', 'literal' or 'constant'."""
+  description: str
+  """As ``saved_residuals`` words it."""
+  name: str | None = None
+  """Its ``checkpoint_name``, if it is a named value."""
+  primitive: str | None = None
+  source: str | None = None
+  argument: str | None = None
+  block: str | None = None
+  """The remat block whose forward pass saved it, when known."""
+  memory_space: str = 'device'
+
+  @property
+  def type_string(self) -> str:
+    return f"{self.dtype}[{','.join(map(str, self.shape))}]"
+
+
+@dataclass(frozen=True)
+class RecomputedEquation:
+  """An equation the backward pass runs again instead of reading a residual."""
+  primitive: str
+  outputs: str
+  """Output types, e.g. ``f32[256,512]``."""
+  flops: int
+  source: str | None
+  name: str | None = None
+
+
+@dataclass(frozen=True)
+class BlockReport:
+  """One remat block: what its split saves and recomputes, per run and in all."""
+  name: str
+  function: str
+  path: tuple[str, ...]
+  trip_count: int | None
+  """Runs per call (enclosing scan lengths multiplied); None in a while loop."""
+  library: str
+  policy: str
+  lowering: str
+  parent: str | None
+  source: str | None
+  differentiated: bool
+  """Whether differentiation split this block (False, e.g., for blocks on a
+  path that no differentiated input reaches, or nested in another block,
+  whose policy then decides)."""
+  residuals: tuple[Residual, ...]
+  residual_bytes: int
+  """Per run of the block."""
+  recomputed: tuple[RecomputedEquation, ...]
+  recompute_flops: int
+  """Per run of the block."""
+  known_jaxpr: Any = dataclasses.field(default=None, repr=False, compare=False)
+  staged_jaxpr: Any = dataclasses.field(default=None, repr=False, compare=False)
+
+  @property
+  def total_residual_bytes(self) -> int | None:
+    return None if self.trip_count is None else self.residual_bytes * self.trip_count
+
+  @property
+  def total_recompute_flops(self) -> int | None:
+    return None if self.trip_count is None else self.recompute_flops * self.trip_count
+
+
+@dataclass(frozen=True)
+class EquationCost:
+  """FLOPs of one top-level equation of the forward or backward jaxpr."""
+  index: int
+  primitive: str
+  flops: int
+  trip_count: int | None
+  note: str
+
+
+@dataclass(frozen=True)
+class RematReport:
+  """What remat does to one function under one policy, from its jaxprs."""
+  function: str
+  policy: str
+  lowering: str
+  argnums: tuple[int, ...]
+  residuals: tuple[Residual, ...]
+  blocks: tuple[BlockReport, ...]
+  forward_flops: int
+  """FLOPs of the forward pass (the known jaxpr), scan trip counts applied."""
+  backward_flops: int
+  """FLOPs of the backward pass, recompute included."""
+  recompute_flops: int
+  """FLOPs the backward pass spends recomputing forward values."""
+  forward_equations: tuple[EquationCost, ...]
+  backward_equations: tuple[EquationCost, ...]
+  unknown_trip_counts: bool
+  """True if a while loop makes some FLOP count a lower bound."""
+  warnings: tuple[str, ...]
+  names_in_program: tuple[str, ...]
+  """Every ``checkpoint_name`` found in the program."""
+  forward_jaxpr: Any = dataclasses.field(repr=False, compare=False, default=None)
+  backward_jaxpr: Any = dataclasses.field(repr=False, compare=False, default=None)
+
+  @property
+  def residual_bytes(self) -> int:
+    return sum(r.bytes for r in self.residuals)
+
+  @property
+  def total_flops(self) -> int:
+    return self.forward_flops + self.backward_flops
+
+  def to_dict(self) -> dict:
+    """JSON-serializable: numbers, strings, lists; jaxprs as text."""
+    out = _plain(self)
+    out['residual_bytes'] = self.residual_bytes
+    out['total_flops'] = self.total_flops
+    for block, block_dict in zip(self.blocks, out['blocks']):
+      block_dict['total_residual_bytes'] = block.total_residual_bytes
+      block_dict['total_recompute_flops'] = block.total_recompute_flops
+    return out
+
+
+def _plain(value):
+  """Dataclasses to dicts, tuples to lists, jaxprs to text, recursively."""
+  if dataclasses.is_dataclass(value) and not isinstance(value, type):
+    return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+  if isinstance(value, (list, tuple)):
+    return [_plain(v) for v in value]
+  if isinstance(value, dict):
+    return {str(k): _plain(v) for k, v in value.items()}
+  if value is None or isinstance(value, (bool, int, float, str)):
+    return value
+  return str(value)

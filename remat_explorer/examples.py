@@ -1,0 +1,315 @@
+"""Small, real, seeded example models for exploring remat.
+
+Notebooks, tests, benchmarks and the HTML report need programs that look like
+what people actually checkpoint: a deep MLP under ``scan``, a transformer (as
+an unrolled loop or under ``scan``) and a small convnet. Each builder returns
+``(loss_fn, args)``: ``loss_fn(*args)`` is a scalar float32 loss and ``args``
+is ``(params, batch)``, drawn from ``jax.random.key(seed)``. Differentiate with
+respect to argument 0, the params::
+
+  loss_fn, args = examples.build('transformer', num_layers=2)
+  grads = jax.grad(loss_fn)(*args)
+
+Every block goes through our ``checkpoint`` with the builder's ``policy``
+(``remat=False`` drops the checkpoints and keeps the same math), and the
+interesting intermediates are named with ``checkpoint_name``; the names each
+model uses are listed in ``MLP_NAMES``, ``TRANSFORMER_NAMES`` and
+``CONVNET_NAMES``, for the named-value policies.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from remat_explorer import checkpoint, checkpoint_name
+
+LossFn = Callable[..., jax.Array]
+Example = tuple[LossFn, tuple[Any, ...]]
+
+MLP_NAMES = ('pre_activation', 'layer_output')
+TRANSFORMER_NAMES = ('query', 'key', 'value', 'attention_logits',
+                     'attention_output', 'mlp_hidden', 'mlp_output')
+CONVNET_NAMES = ('conv_output',)
+
+VOCAB_SIZE = 256
+
+
+# -- shared helpers -----------------------------------------------------------
+
+def _maybe_checkpoint(fn: Callable, *, remat: bool, policy: Callable | None,
+                      prevent_cse: bool = True) -> Callable:
+  """`fn` under our ``checkpoint`` with `policy`, or `fn` itself."""
+  if not remat:
+    return fn
+  return checkpoint(fn, policy=policy, prevent_cse=prevent_cse)
+
+
+def _normals(key: jax.Array,
+             shapes: dict[str, tuple[int, ...]]) -> dict[str, jax.Array]:
+  """Independent float32 standard normals of the given shapes, by name.
+
+  They come from one ``jax.random.normal`` call, split up: XLA compiles
+  every threefry call on its own, and one per array made a build take
+  seconds on a CPU. Callers are jitted for the same reason.
+  """
+  sizes = [math.prod(shape) for shape in shapes.values()]
+  flat = jax.random.normal(key, (sum(sizes),), jnp.float32)
+  pieces = jnp.split(flat, list(itertools.accumulate(sizes))[:-1])
+  return {name: piece.reshape(shape)
+          for (name, shape), piece in zip(shapes.items(), pieces)}
+
+
+def _fan_in_scaled(x: jax.Array, fan_in: int) -> jax.Array:
+  return x / math.sqrt(fan_in)
+
+
+def _layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array) -> jax.Array:
+  mean = jnp.mean(x, axis=-1, keepdims=True)
+  var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+  return (x - mean) * jax.lax.rsqrt(var + 1e-5) * scale + bias
+
+
+def _cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+  log_probs = jax.nn.log_softmax(logits, axis=-1)
+  picked = jnp.take_along_axis(log_probs, labels[..., None], axis=-1)
+  return -jnp.mean(picked)
+
+
+# -- mlp ----------------------------------------------------------------------
+
+@functools.partial(jax.jit, static_argnames=('num_layers', 'width', 'batch'))
+def _mlp_args(key: jax.Array, *, num_layers: int, width: int, batch: int):
+  r = _normals(key, {'w': (num_layers, width, width), 'x': (batch, width),
+                     'target': (batch, width)})
+  params = {'w': _fan_in_scaled(r['w'], width),
+            'b': jnp.zeros((num_layers, width), jnp.float32)}
+  data = {'x': r['x'], 'target': r['target']}
+  return params, data
+
+
+def mlp(*, num_layers: int = 16, width: int = 512, batch: int = 256,
+        policy: Callable | None = None, remat: bool = True,
+        seed: int = 0) -> Example:
+  """A deep tanh MLP whose checkpointed layer is the body of a ``scan``.
+
+  Params are ``{'w': (num_layers, width, width), 'b': (num_layers, width)}``;
+  the batch is ``{'x', 'target'}``, both ``(batch, width)``. Each layer names
+  its pre-activation ``'pre_activation'`` and its output ``'layer_output'``.
+  The loss is the mean squared error against the random target.
+  """
+  params, data = _mlp_args(jax.random.key(seed), num_layers=num_layers,
+                           width=width, batch=batch)
+
+  def layer(h, p):
+    pre = checkpoint_name(h @ p['w'] + p['b'], 'pre_activation')
+    return checkpoint_name(jnp.tanh(pre), 'layer_output'), None
+
+  # A scan body cannot be CSE'd across iterations, so, as JAX advises for
+  # remat under scan, the barrier that prevent_cse adds would only cost.
+  body = _maybe_checkpoint(layer, remat=remat, policy=policy, prevent_cse=False)
+
+  def loss_fn(params, data):
+    out, _ = jax.lax.scan(body, data['x'], params)
+    return jnp.mean(jnp.square(out - data['target']))
+
+  return loss_fn, (params, data)
+
+
+# -- transformer --------------------------------------------------------------
+
+def _attention(x: jax.Array, p: dict[str, jax.Array],
+               num_heads: int) -> jax.Array:
+  """Causal multi-head self-attention on ``x`` of shape (batch, seq, d)."""
+  b, s, d = x.shape
+  split = lambda t: t.reshape(b, s, num_heads, d // num_heads)
+  q = checkpoint_name(split(x @ p['wq']), 'query')
+  k = checkpoint_name(split(x @ p['wk']), 'key')
+  v = checkpoint_name(split(x @ p['wv']), 'value')
+  logits = jnp.einsum('bqhd,bkhd->bhqk', q, k) / math.sqrt(d // num_heads)
+  logits = checkpoint_name(logits, 'attention_logits')
+  causal = jnp.tril(jnp.ones((s, s), jnp.bool_))
+  weights = jax.nn.softmax(jnp.where(causal, logits, -1e9), axis=-1)
+  mixed = jnp.einsum('bhqk,bkhd->bqhd', weights, v).reshape(b, s, d)
+  return checkpoint_name(mixed @ p['wo'], 'attention_output')
+
+
+def _transformer_block(x: jax.Array, p: dict[str, jax.Array],
+                       num_heads: int) -> jax.Array:
+  """One pre-LayerNorm block: ``x + attn(ln(x))``, then ``+ mlp(ln(.))``."""
+  x = x + _attention(_layer_norm(x, p['ln1_scale'], p['ln1_bias']), p,
+                     num_heads)
+  h = _layer_norm(x, p['ln2_scale'], p['ln2_bias'])
+  hidden = checkpoint_name(h @ p['w1'] + p['b1'], 'mlp_hidden')
+  out = checkpoint_name(jax.nn.gelu(hidden) @ p['w2'] + p['b2'], 'mlp_output')
+  return x + out
+
+
+def _stacked_block_params(r: dict[str, jax.Array], num_layers: int,
+                          d_model: int, d_ff: int) -> dict[str, jax.Array]:
+  """Every block's params, stacked along a leading layer axis."""
+  ones = lambda n: jnp.ones((num_layers, n), jnp.float32)
+  zeros = lambda n: jnp.zeros((num_layers, n), jnp.float32)
+  return {
+      'ln1_scale': ones(d_model), 'ln1_bias': zeros(d_model),
+      **{w: _fan_in_scaled(r[w], d_model) for w in ('wq', 'wk', 'wv', 'wo')},
+      'ln2_scale': ones(d_model), 'ln2_bias': zeros(d_model),
+      'w1': _fan_in_scaled(r['w1'], d_model), 'b1': zeros(d_ff),
+      'w2': _fan_in_scaled(r['w2'], d_ff), 'b2': zeros(d_model),
+  }
+
+
+@functools.partial(jax.jit, static_argnames=(
+    'num_layers', 'd_model', 'seq_len', 'batch', 'd_ff', 'use_scan'))
+def _transformer_args(key: jax.Array, *, num_layers: int, d_model: int,
+                      seq_len: int, batch: int, d_ff: int, use_scan: bool):
+  k_normal, k_tokens = jax.random.split(key)
+  square = (num_layers, d_model, d_model)
+  r = _normals(k_normal, {
+      'embed': (VOCAB_SIZE, d_model), 'pos': (seq_len, d_model),
+      'unembed': (d_model, VOCAB_SIZE), 'wq': square, 'wk': square,
+      'wv': square, 'wo': square, 'w1': (num_layers, d_model, d_ff),
+      'w2': (num_layers, d_ff, d_model)})
+  blocks = _stacked_block_params(r, num_layers, d_model, d_ff)
+  if not use_scan:
+    # Slices of the stacked params, so both forms hold the same numbers.
+    blocks = [jax.tree_util.tree_map(lambda a: a[i], blocks)
+              for i in range(num_layers)]
+  params = {
+      'embed': r['embed'],
+      'pos': 0.1 * r['pos'],
+      'blocks': blocks,
+      'ln_scale': jnp.ones((d_model,), jnp.float32),
+      'ln_bias': jnp.zeros((d_model,), jnp.float32),
+      'unembed': _fan_in_scaled(r['unembed'], d_model),
+  }
+  tokens = jax.random.randint(k_tokens, (batch, seq_len + 1), 0, VOCAB_SIZE)
+  return params, {'tokens': tokens[:, :-1], 'targets': tokens[:, 1:]}
+
+
+def transformer(*, num_layers: int = 4, d_model: int = 128,
+                num_heads: int = 4, seq_len: int = 64, batch: int = 8,
+                d_ff: int | None = None, use_scan: bool = False,
+                policy: Callable | None = None, remat: bool = True,
+                seed: int = 0) -> Example:
+  """A decoder-only, pre-LayerNorm transformer on random tokens.
+
+  Each block (causal self-attention, then a gelu MLP of width `d_ff`,
+  default ``4 * d_model``) is checkpointed and names the values in
+  ``TRANSFORMER_NAMES``. With ``use_scan=False`` ``params['blocks']`` is a
+  list of per-layer dicts and the blocks are unrolled by a Python loop; with
+  ``use_scan=True`` it is one dict stacked along a leading layer axis and the
+  block is the body of a ``scan``. Both hold the same numbers for a seed.
+  The batch is ``{'tokens', 'targets'}`` (next-token targets), both
+  ``(batch, seq_len)`` int32; the loss is the mean cross-entropy.
+  """
+  if d_model % num_heads:
+    raise ValueError(f'd_model={d_model} is not divisible by '
+                     f'num_heads={num_heads}.')
+  d_ff = 4 * d_model if d_ff is None else d_ff
+  params, data = _transformer_args(
+      jax.random.key(seed), num_layers=num_layers, d_model=d_model,
+      seq_len=seq_len, batch=batch, d_ff=d_ff, use_scan=use_scan)
+
+  def block(x, p):
+    return _transformer_block(x, p, num_heads)
+
+  def loss_fn(params, data):
+    x = params['embed'][data['tokens']] + params['pos']
+    if use_scan:
+      # See mlp(): prevent_cse is useless under scan.
+      body = _maybe_checkpoint(lambda x, p: (block(x, p), None), remat=remat,
+                               policy=policy, prevent_cse=False)
+      x, _ = jax.lax.scan(body, x, params['blocks'])
+    else:
+      checkpointed = _maybe_checkpoint(block, remat=remat, policy=policy)
+      for p in params['blocks']:
+        x = checkpointed(x, p)
+    x = _layer_norm(x, params['ln_scale'], params['ln_bias'])
+    return _cross_entropy(x @ params['unembed'], data['targets'])
+
+  return loss_fn, (params, data)
+
+
+# -- convnet ------------------------------------------------------------------
+
+def _conv3x3(x: jax.Array, kernel: jax.Array) -> jax.Array:
+  return jax.lax.conv_general_dilated(
+      x, kernel, window_strides=(1, 1), padding='SAME',
+      dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
+
+
+@functools.partial(jax.jit, static_argnames=(
+    'num_blocks', 'channels', 'image_size', 'batch', 'num_classes'))
+def _convnet_args(key: jax.Array, *, num_blocks: int, channels: int,
+                  image_size: int, batch: int, num_classes: int):
+  k_normal, k_labels = jax.random.split(key)
+  c_ins = [3] + [channels] * (num_blocks - 1)
+  r = _normals(k_normal, {
+      'images': (batch, image_size, image_size, 3),
+      'head': (channels, num_classes),
+      **{f'kernel{i}': (3, 3, c_in, channels)
+         for i, c_in in enumerate(c_ins)}})
+  blocks = [{'kernel': _fan_in_scaled(r[f'kernel{i}'], 9 * c_in),
+             'bias': jnp.zeros((channels,), jnp.float32)}
+            for i, c_in in enumerate(c_ins)]
+  params = {'blocks': blocks,
+            'head': _fan_in_scaled(r['head'], channels),
+            'head_bias': jnp.zeros((num_classes,), jnp.float32)}
+  images = r['images']
+  labels = jax.random.randint(k_labels, (batch,), 0, num_classes)
+  return params, {'images': images, 'labels': labels}
+
+
+def convnet(*, num_blocks: int = 3, channels: int = 16, image_size: int = 32,
+            batch: int = 8, num_classes: int = 10,
+            policy: Callable | None = None, remat: bool = True,
+            seed: int = 0) -> Example:
+  """A stack of checkpointed 3x3 conv + relu blocks and a dense classifier.
+
+  Images are NHWC ``(batch, image_size, image_size, 3)``; block ``i`` has a
+  HWIO kernel ``(3, 3, c_in, channels)`` and a bias, and names its conv
+  result (before relu) ``'conv_output'``. A global average pool feeds the
+  classifier; the loss is the softmax cross-entropy against random labels.
+  """
+  params, data = _convnet_args(
+      jax.random.key(seed), num_blocks=num_blocks, channels=channels,
+      image_size=image_size, batch=batch, num_classes=num_classes)
+
+  def block(x, p):
+    y = checkpoint_name(_conv3x3(x, p['kernel']) + p['bias'], 'conv_output')
+    return jax.nn.relu(y)
+
+  checkpointed = _maybe_checkpoint(block, remat=remat, policy=policy)
+
+  def loss_fn(params, data):
+    x = data['images']
+    for p in params['blocks']:
+      x = checkpointed(x, p)
+    pooled = jnp.mean(x, axis=(1, 2))
+    logits = pooled @ params['head'] + params['head_bias']
+    return _cross_entropy(logits, data['labels'])
+
+  return loss_fn, (params, data)
+
+
+# -- registry -----------------------------------------------------------------
+
+MODELS: dict[str, Callable[..., Example]] = {
+    'mlp': mlp, 'transformer': transformer, 'convnet': convnet}
+
+
+def build(name: str, **sizes: Any) -> Example:
+  """``MODELS[name](**sizes)``, with an error listing the models if unknown."""
+  try:
+    builder = MODELS[name]
+  except KeyError:
+    raise ValueError(f'Unknown example model {name!r}; available: '
+                     f'{", ".join(sorted(MODELS))}.') from None
+  return builder(**sizes)
