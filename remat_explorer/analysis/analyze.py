@@ -46,8 +46,24 @@ def analyze(f, *args, policy: PolicyChoice = None, lowering: str | None = None,
       the program's own policies.
     lowering: replaces every block's lowering strategy, if given.
     argnums: which positional arguments are differentiated.
+
+  Reports are cached by function, argument shapes and dtypes, policy,
+  lowering and device: asking again is instant.
   """
   problem = Problem.make(f, args, kwargs, argnums)
+  key = problem.cache_key(policy, lowering)
+  if key is not None and key in _cache:
+    return _cache[key]
+  report = _analyze(problem, policy, lowering)
+  if key is not None:
+    _cache[key] = report
+  return report
+
+
+_cache: dict = {}
+
+
+def _analyze(problem, policy, lowering) -> RematReport:
   program, blocks = problem.program_with_blocks(policy, lowering)
   run_program = core.jaxpr_as_fun(program)
 

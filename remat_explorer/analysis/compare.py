@@ -113,8 +113,8 @@ def compare(f, *args, policies: Mapping[str, Any] | Sequence | None = None,
   for i, (label, policy) in enumerate(chosen.items()):
     if progress is not None:
       progress(i, len(chosen), label)
-    report = None if policy is NO_REMAT else analyze(
-        f, *args, policy=policy, lowering=lowering, argnums=argnums, **kwargs)
+    report = analyze(f, *args, policy=policy, lowering=lowering,
+                     argnums=argnums, **kwargs)
     costs = compile_costs(f, *args, policy=policy, lowering=lowering,
                           argnums=argnums, repeats=repeats, **kwargs)
     rows.append(_row(label, policy, report, costs))
@@ -149,10 +149,7 @@ def _resolve_policies(policies, names_in_program) -> dict[str, Any]:
 
 
 def _row(label, policy, report, costs) -> PolicyRow:
-  if report is not None:
-    flops, recompute, residual = report.total_flops, report.recompute_flops, report.residual_bytes
-  else:
-    flops = recompute = residual = None
+  flops, recompute, residual = report.total_flops, report.recompute_flops, report.residual_bytes
   return PolicyRow(
       label=label, policy=policy, report=report, costs=costs,
       residual_bytes=residual, flops=flops, recompute_flops=recompute,

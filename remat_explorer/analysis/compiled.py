@@ -115,13 +115,9 @@ def compile_costs(f, *args, policy: PolicyChoice = None, lowering: str | None = 
   """
   problem = Problem.make(f, args, kwargs, argnums)
   donate = (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)
-  key = (f, problem.in_tree, tuple(map(leaf_key, problem.leaves)),
-         policy_key(policy), lowering, problem.argnums, donate, repeats,
-         tuple(sorted((compiler_options or {}).items())), str(jax.devices()[0]))
-  try:
-    cached = _cache.get(key)
-  except TypeError:  # an unhashable policy or option: no caching
-    key, cached = None, None
+  key = problem.cache_key(policy, lowering, donate, repeats,
+                          tuple(sorted((compiler_options or {}).items())))
+  cached = _cache.get(key) if key is not None else None
   if cached is not None:
     return cached
   program, blocks = problem.program_with_blocks(policy, lowering)
@@ -264,15 +260,3 @@ def count_matmuls_lowered(stablehlo_text: str) -> int:
 
 def count_matmuls_compiled(hlo_text: str) -> int:
   return len(_COMPILED_MATMUL.findall(hlo_text))
-
-
-def leaf_key(x) -> Any:
-  """Shape, dtype (and sharding) of an argument leaf, for cache keys."""
-  dtype = x.dtype if hasattr(x, 'dtype') else np.result_type(x)
-  return (tuple(np.shape(x)), str(dtype), str(getattr(x, 'sharding', '')))
-
-
-def policy_key(policy: PolicyChoice) -> Any:
-  if isinstance(policy, dict):
-    return tuple(sorted(policy.items()))
-  return policy

@@ -77,6 +77,18 @@ class Problem:
     whole = checkpoint(flat, policy=policy if callable(policy) else None)
     return find_blocks(jax.make_jaxpr(whole)(*self.leaves), policy, lowering)
 
+  def cache_key(self, *settings):
+    """A key for results on this problem under `settings` (policy, ...):
+    the function, argument shapes/dtypes/shardings, what is differentiated,
+    and the device; None if some setting is unhashable."""
+    key = (self.f, self.in_tree, tuple(map(_leaf_key, self.leaves)), self.argnums,
+           str(jax.devices()[0]), *map(_hashable_policy, settings))
+    try:
+      hash(key)
+    except TypeError:
+      return None
+    return key
+
   def merge(self, diff_leaves, other_leaves):
     diff, other = iter(diff_leaves), iter(other_leaves)
     return [next(diff) if d else next(other) for d in self.diff_mask]
@@ -103,3 +115,13 @@ def _dtype(x):
 
 def _is_float(x) -> bool:
   return jax.numpy.issubdtype(_dtype(x), jax.numpy.inexact)
+
+
+def _leaf_key(x):
+  return (tuple(np.shape(x)), str(_dtype(x)), str(getattr(x, 'sharding', '')))
+
+
+def _hashable_policy(setting):
+  if isinstance(setting, dict):
+    return tuple(sorted(setting.items()))
+  return setting

@@ -96,10 +96,18 @@ class _Walker:
     self.policy, self.lowering = policy, lowering
     self.blocks: list[BlockSite] = []
     self._name_counts: dict[str, int] = {}
+    # A body used by several equations (a layer traced once, called N times)
+    # is rewritten to one shared object, so that JAX's caches keyed on it
+    # work as they do for the original program.
+    self._rewritten: dict[int, tuple[core.Jaxpr, core.Jaxpr]] = {}
 
   def rewrite(self, jaxpr: core.Jaxpr, path, trip_count, parent) -> core.Jaxpr:
     eqns = [self._rewrite_eqn(e, path, trip_count, parent) for e in jaxpr.eqns]
-    return jaxpr.replace(eqns=eqns)
+    if id(jaxpr) in self._rewritten:
+      return self._rewritten[id(jaxpr)][1]
+    rewritten = jaxpr.replace(eqns=eqns)
+    self._rewritten[id(jaxpr)] = (jaxpr, rewritten)  # keeps `jaxpr` alive
+    return rewritten
 
   def _rewrite_eqn(self, eqn, path, trip_count, parent):
     if eqn.primitive is checkpoint_p or eqn.primitive is jx.jax_remat_p:

@@ -17,10 +17,11 @@ and fusions rooted in one, elementwise ops, and loop fusions using the operand
 only elementwise. Live-out buffers are allocated before the run, so count from
 step 0 (``<name>/reserved`` until written), and hold temporaries that fit and
 die before that write, one at a time, largest first, as XLA parks them.
-Donated parameters count apart from their outputs, as in ``memory_analysis()``.
+Donated parameters (``input_output_alias``) hand their storage to the output.
 Non-device memory spaces (``S(n)``, n > 0: host offload) are not counted. On
-CPU the peak matches ``argument_size_in_bytes + output_size_in_bytes +
-temp_size_in_bytes`` to within tuple index tables.
+CPU, for the MLPs, scans, loops and conds tried, the peak matched
+``argument_size_in_bytes + output_size_in_bytes + temp_size_in_bytes -
+alias_size_in_bytes`` to within tuple index tables (tens of bytes).
 
 Residuals: JAX's name stack reaches HLO as ``metadata={op_name=...}``; under
 ``jax.jit(jax.grad(f))`` forward ops read ``jit(f)/jvp()/...`` (``jvp(jvp())``
@@ -37,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import re
-from typing import Any, Iterable, NamedTuple, Union
+from typing import Any, Iterable, NamedTuple, Sequence, Union
 
 import jax
 
@@ -90,16 +91,17 @@ def memory_timeline(compiled: jax.stages.Compiled) -> MemoryTimeline:
 def memory_timeline_from_hlo_text(text: str) -> MemoryTimeline:
   """The timeline of the ENTRY computation of a scheduled HLO module."""
   comps, entry = _parse_module(text)
-  graph = _Graph(comps, comps[entry], {})
+  graph = _Graph(comps, comps[entry], {}, _donations(text))
   buffers = tuple(graph.buffers())
-  live = _live_bytes(len(graph.instrs), [(b.start, b.end, b.bytes)
-                                         for b in buffers if not b.memory_space])
+  device = [(b.start, b.end, b.bytes) for b in buffers if not b.memory_space]
+  live = _live_bytes(len(graph.instrs), device)
   peak = max(range(len(live)), key=live.__getitem__, default=0)
   return MemoryTimeline(tuple(i.name for i in graph.instrs), tuple(live),
                         buffers, live[peak] if live else 0, peak)
 
 
-def _live_bytes(steps: int, ranges: Iterable[tuple[int, int, int]]) -> list[int]:
+def _live_bytes(steps: int,
+                ranges: Iterable[tuple[int, int, int]]) -> list[int]:
   delta = [0] * (steps + 1)
   for start, end, nbytes in ranges:
     delta[start] += nbytes
@@ -173,6 +175,18 @@ def _parse_module(text: str) -> tuple[dict[str, list[_Instr]], str]:
   return comps, entry
 
 
+_Donation = tuple[list[int], int, list[int]]
+
+
+def _donations(text: str) -> list[_Donation]:
+  """(output index, parameter number, parameter index) of each alias."""
+  m = re.search(r'input_output_alias=\{(.*?\))\s*\}', text.split('\n', 1)[0])
+  found = re.findall(r'\{([\d,\s]*)\}:\s*\((\d+),\s*\{([\d,\s]*)\}',
+                     m.group(1) if m else '')
+  path = lambda s: [int(k) for k in re.findall(r'\d+', s)]
+  return [(path(out), int(num), path(index)) for out, num, index in found]
+
+
 def _parse_instr(line: str, m: re.Match) -> _Instr:
   shape, i = _parse_shape(line, m.end())
   if not (op := _OPCODE.match(line, i)):
@@ -218,12 +232,29 @@ def _leaves(value: Any) -> list:
   return [value]
 
 
+def _at(value: Any, path: list[int]) -> Any:
+  for k in path:
+    value = value[k] if isinstance(value, list) and k < len(value) else None
+  return value
+
+
 def _root(instrs: list[_Instr]) -> _Instr | None:
   return next((x for x in instrs if x.is_root), instrs[-1] if instrs else None)
 
 
 def _index(ins: _Instr) -> int:
   return int(re.search(r'\bindex=(\d+)', ins.attrs).group(1))
+
+
+def _passes_through(body: list[_Instr], k: int) -> bool:
+  """Whether a while body returns element `k` of its state unchanged."""
+  root, by_name = _root(body), {x.name: x for x in body}
+  if root is None or root.opcode != 'tuple' or k >= len(root.operands):
+    return False
+  src = by_name.get(root.operands[k])
+  if src is None or src.opcode != 'get-tuple-element' or _index(src) != k:
+    return False
+  return getattr(by_name.get(src.operands[0]), 'opcode', '') == 'parameter'
 
 
 # --- Liveness -----------------------------------------------------------------
@@ -254,7 +285,7 @@ class _Graph:
   """The buffers of one computation and their live ranges."""
 
   def __init__(self, comps: dict[str, list[_Instr]], instrs: list[_Instr],
-               peaks: dict[str, int]):
+               peaks: dict[str, int], donations: Sequence[_Donation] = ()):
     self.comps, self.instrs, self.peaks = comps, instrs, peaks
     self.bufs: list[_Buf] = []
     self.extra: dict[int, int] = {}  # step -> peak of the computations it runs
@@ -267,6 +298,10 @@ class _Graph:
     self.outputs = {b for b in leaves if b is not None}
     self.took_over: dict[int, int] = {}  # buffer -> the one it took storage of
     self._assign_ends()
+    params = {int(x.args): values[x.name] for x in instrs
+              if x.opcode == 'parameter'}
+    for out, num, index in donations:
+      self._donate(_at(values[root.name], out), _at(params.get(num), index))
 
   def _fresh(self, i: int, ins: _Instr, shape: Shape, path: str = '',
              **kw) -> Any:
@@ -313,15 +348,11 @@ class _Graph:
 
   def _while(self, i: int, ins: _Instr, state: Any) -> Any:
     body = self.comps.get(ins.attr('body') or '', [])
-    root, by_name = _root(body), {x.name: x for x in body}
     is_tuple = isinstance(ins.shape, list)
     value = []
     for k, elem in enumerate(state if is_tuple else [state]):
-      src = (by_name.get(root.operands[k]) if root and root.opcode == 'tuple'
-             and k < len(root.operands) else None)
-      if (src and src.opcode == 'get-tuple-element' and _index(src) == k
-          and getattr(by_name.get(src.operands[0]), 'opcode', '') == 'parameter'):
-        value.append(elem)  # passed through unchanged: the same buffer
+      if is_tuple and _passes_through(body, k):
+        value.append(elem)  # the same buffer, never written by the loop
         continue
       new = self._fresh(i, ins, ins.shape[k] if is_tuple else ins.shape,
                         f'{k},' if is_tuple else '')
@@ -368,14 +399,28 @@ class _Graph:
     for n, b in enumerate(self.bufs):
       held = b.is_parameter or n in self.outputs
       b.end = last if held else max(b.uses, default=b.start)
+    taken: set[int] = set()
     for n, b in enumerate(self.bufs):
       for o in b.reusable:
         old = self.bufs[o]
-        if (o not in self.took_over.values() and o not in self.outputs
-            and not old.is_parameter and old.end == b.start > old.start):
+        if (o not in taken and o not in self.outputs and not old.is_parameter
+            and old.end == b.start > old.start):
           old.end = b.start - 1  # from here on `b` owns the storage
           self.took_over[n] = o
+          taken.add(o)
           break
+
+  def _donate(self, out: Any, param: Any) -> None:
+    """Lets output `out` (and the buffers it took over) use `param`'s storage
+    once the parameter is last read."""
+    if not isinstance(out, int) or not isinstance(param, int) or out == param:
+      return
+    while out in self.took_over:
+      out = self.took_over[out]
+    p, first = self.bufs[param], self.bufs[out].start
+    if max(p.uses, default=0) <= first and not self.bufs[out].is_parameter:
+      p.end = first - 1
+      self.took_over[out] = param
 
   def _peak(self, comp: str) -> int:
     """Peak bytes of `comp`'s own temporaries (not its parameters or root)."""
@@ -397,6 +442,8 @@ class _Graph:
       while first in self.took_over:
         first = self.took_over[first]
         chained.add(first)
+      if self.bufs[first].is_parameter:  # a donated parameter's storage
+        continue
       stores.append((self.bufs[first].start, self.bufs[o].leaf.bytes,
                      self.bufs[o].name, []))
     stores.sort(key=lambda s: s[1])
