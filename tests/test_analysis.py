@@ -9,7 +9,7 @@ import pytest
 from jax.ad_checkpoint import checkpoint_name as jax_checkpoint_name
 
 import remat_explorer as rx
-from remat_explorer.analysis import analyze, compile_costs
+from remat_explorer.analysis import analyze, compile_costs, describe_policy
 from remat_explorer.engine import policies
 from tests.parity import printed_residuals
 
@@ -54,7 +54,7 @@ POLICIES = [None, cp.dots_saveable, cp.everything_saveable,
             cp.save_only_these_names('pre')]
 
 
-@pytest.mark.parametrize('policy', POLICIES, ids=repr)
+@pytest.mark.parametrize('policy', POLICIES, ids=describe_policy)
 def test_residuals_are_what_jax_saves_for_jax_programs(policy):
   """A program written with jax.checkpoint: our report lists exactly what
   jax.ad_checkpoint.saved_residuals lists for it, in order."""
@@ -67,7 +67,7 @@ def test_residuals_are_what_jax_saves_for_jax_programs(policy):
       a.size * a.dtype.itemsize for a, _ in rx.saved_residuals(jax_program, ws, x))
 
 
-@pytest.mark.parametrize('policy', POLICIES[1:], ids=repr)
+@pytest.mark.parametrize('policy', POLICIES[1:], ids=describe_policy)
 def test_policy_override_equals_writing_the_policy_in(policy):
   ws, x = _params(1)
   written_without = _mlp(jax.checkpoint, jax_checkpoint_name)

@@ -9,7 +9,7 @@ import pytest
 
 import remat_explorer as rx
 from remat_explorer import examples
-from remat_explorer.analysis import NO_REMAT, compare, compile_costs
+from remat_explorer.analysis import NO_REMAT, compare, compile_costs, describe_policy
 from remat_explorer.analysis.search import search_policy
 
 cp = rx.checkpoint_policies
@@ -28,7 +28,7 @@ def _mlp(num_layers=6, width=64, batch=32, seed=0, ck=rx.checkpoint, **ck_kwargs
   return mlp, (ws, x)
 
 
-@pytest.mark.parametrize('policy', [None, cp.dots_saveable, cp.everything_saveable], ids=repr)
+@pytest.mark.parametrize('policy', [None, cp.dots_saveable, cp.everything_saveable], ids=describe_policy)
 def test_compiled_memory_and_flops_equal_jax_checkpoint(policy):
   ours, args = _mlp(policy=policy)
   theirs, _ = _mlp(ck=jax.checkpoint, policy=policy)
