@@ -152,3 +152,15 @@ def test_search_budget_errors():
     search_policy(program, *args, memory_budget=1.5)
   with pytest.raises(TypeError, match='memory_budget'):
     search_policy(program, *args, memory_budget='1GB')
+
+
+def test_residual_buffers_at_the_peak_link_back_to_their_residuals():
+  from remat_explorer.analysis import analyze, residuals_at_peak
+  loss_fn, args = examples.mlp(num_layers=4, width=64, batch=16)
+  found = residuals_at_peak(analyze(loss_fn, *args), compile_costs(loss_fn, *args))
+  assert found and all(p.residual is not None for p in found)
+  biggest = found[0]
+  # The layer inputs saved by the scan, stacked: [layers, batch, width].
+  assert biggest.bytes == 4 * 16 * 64 * 4 == biggest.residual.bytes
+  assert biggest.residual.primitive == 'scan'
+  assert biggest.policy == 'nothing_saveable (default)'

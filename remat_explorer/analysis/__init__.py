@@ -11,22 +11,25 @@
 
 Modules: ``problem`` (checking input), ``program`` (finding blocks),
 ``analyze``/``report``, ``flops``, ``compiled``/``timeline``, ``compare``,
-``search``, ``policy_info``.
+``search``, ``peak``, ``policy_info``.
 """
 
 from remat_explorer.analysis.analyze import analyze
 from remat_explorer.analysis.compare import (Comparison, PolicyRow,
                                              builtin_policies, compare)
 from remat_explorer.analysis.compiled import CompiledCosts, compile_costs
+from remat_explorer.analysis.peak import PeakResidual, residuals_at_peak
 from remat_explorer.analysis.policy_info import NO_REMAT, describe_policy
 from remat_explorer.analysis.report import (BlockReport, EquationCost,
                                             RecomputedEquation, RematReport,
                                             Residual)
+from remat_explorer.analysis.search import SaveChosen, SearchResult, search_policy
 from remat_explorer.analysis.timeline import Buffer, MemoryTimeline
 
 __all__ = [
     'analyze', 'RematReport', 'Residual', 'BlockReport', 'RecomputedEquation',
     'EquationCost', 'compile_costs', 'CompiledCosts', 'MemoryTimeline', 'Buffer',
     'compare', 'Comparison', 'PolicyRow', 'builtin_policies', 'NO_REMAT',
-    'describe_policy',
+    'describe_policy', 'search_policy', 'SearchResult', 'SaveChosen',
+    'residuals_at_peak', 'PeakResidual',
 ]

@@ -82,7 +82,7 @@ def _analyze(problem, policy, lowering) -> RematReport:
   arg_names = problem.diff_names + problem.other_names
   block_of_equation = _equation_to_block(records, blocks, fwd)
   residuals = tuple(
-      _residual(i, origin, block_of_equation)
+      _residual(i, origin, block_of_equation, jaxpr=residual_jaxpr)
       for i, origin in enumerate(residual_origins(residual_jaxpr, arg_names)))
 
   block_reports = _block_reports(blocks, records)
@@ -126,17 +126,26 @@ def _cotangent_dtype(dtype):
   return dtype if jax.numpy.issubdtype(dtype, jax.numpy.inexact) else jax.dtypes.float0
 
 
-def _residual(index, origin, block_of_equation=None, block=None) -> Residual:
+_LOOPS = ('scan', 'while')
+
+
+def _residual(index, origin, block_of_equation=None, block=None, jaxpr=None) -> Residual:
   aval = origin.aval
   if block is None and block_of_equation and origin.equation_index is not None:
     block = block_of_equation(origin)
+  producer_flops = None
+  if jaxpr is not None and origin.equation_index is not None:
+    producer = jaxpr.eqns[origin.equation_index]
+    if producer.primitive.name not in _LOOPS:
+      producer_flops = flop_count.eqn_flops(producer)
   space = getattr(aval, 'memory_space', None)
   return Residual(
       index=index, shape=tuple(aval.shape), dtype=str(aval.dtype),
       bytes=int(np.prod(aval.shape, dtype=np.int64)) * aval.dtype.itemsize,
       kind=origin.kind, description=origin.description, name=origin.name,
       primitive=origin.primitive, source=origin.source, argument=origin.argument,
-      block=block, memory_space='host' if 'Host' in str(space) else 'device')
+      block=block, memory_space='host' if 'Host' in str(space) else 'device',
+      producer_flops=producer_flops)
 
 
 def _equation_to_block(records, blocks, forward_jaxpr):
@@ -193,7 +202,8 @@ def _block_report(site: BlockSite, record, names) -> BlockReport:
           record.jaxpr.invars, input_names, record.in_unknowns,
           split.staged_inputs_used))
       if used and not unknown]
-  residuals = tuple(_residual(i, o, block=site.name) for i, o in enumerate(origins))
+  residuals = tuple(_residual(i, o, block=site.name, jaxpr=residual_part)
+                    for i, o in enumerate(origins))
   recomputed = tuple(_recomputed_equations(split, record.in_unknowns))
   return BlockReport(
       **common, differentiated=True, residuals=residuals,

@@ -30,6 +30,10 @@ class Residual:
   block: str | None = None
   """The remat block whose forward pass saved it, when known."""
   memory_space: str = 'device'
+  producer_flops: int | None = None
+  """FLOPs of the equation that produced it: what recomputing it instead
+  would cost at least. None for arguments and for loop outputs (a loop's
+  saved values are per iteration; see its blocks)."""
 
   @property
   def type_string(self) -> str:

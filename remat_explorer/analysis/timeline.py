@@ -55,6 +55,8 @@ class Buffer:
   is_parameter: bool
   is_output: bool
   memory_space: int = 0  # 0 is device memory, the only one counted
+  source: str = ''
+  """``file:line`` of the user code that defined it, from HLO metadata."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +135,9 @@ class _Instr:
     self.operands = re.findall(r'%([\w.\-]+)', self.args)
     m = re.search(r'\bop_name="((?:[^"\\]|\\.)*)"', self.attrs)
     self.op_name = m.group(1) if m else ''
+    file = re.search(r'\bsource_file="((?:[^"\\]|\\.)*)"', self.attrs)
+    line = re.search(r'\bsource_line=(\d+)', self.attrs)
+    self.source = f'{file.group(1)}:{line.group(1)}' if file and line else ''
 
   def attr(self, key: str) -> str | None:
     m = re.search(rf'\b{key}=%?([\w.\-]+)', self.attrs)
@@ -473,7 +478,8 @@ class _Graph:
       read_back = any('transpose(' in self.instrs[u].op_name for u in b.uses)
       out.append(Buffer(b.name, b.leaf.bytes, b.start, b.end, b.op_name,
                         bool(forward and read_back and not b.is_parameter),
-                        b.is_parameter, n in self.outputs, b.leaf.memory_space))
+                        b.is_parameter, n in self.outputs, b.leaf.memory_space,
+                        self.instrs[b.start].source if b.start >= 0 else ''))
     for i, extra in sorted(self.extra.items()):
       ins = self.instrs[i]
       out.append(Buffer(f'{ins.name}/temps', extra, i, i, ins.op_name,
