@@ -11,9 +11,8 @@ respect to argument 0, the params::
   grads = jax.grad(loss_fn)(*args)
 
 Every block goes through our ``checkpoint`` with the builder's ``policy``
-(``remat=False`` drops the checkpoints and keeps the same math), and the
-interesting intermediates are named with ``checkpoint_name``; the names each
-model uses are listed in ``MLP_NAMES``, ``TRANSFORMER_NAMES`` and
+(``remat=False``: no checkpoint, same math); the intermediates named with
+``checkpoint_name`` are listed in ``MLP_NAMES``, ``TRANSFORMER_NAMES`` and
 ``CONVNET_NAMES``, for the named-value policies.
 """
 
@@ -46,9 +45,7 @@ VOCAB_SIZE = 256
 def _maybe_checkpoint(fn: Callable, *, remat: bool, policy: Callable | None,
                       prevent_cse: bool = True) -> Callable:
   """`fn` under our ``checkpoint`` with `policy`, or `fn` itself."""
-  if not remat:
-    return fn
-  return checkpoint(fn, policy=policy, prevent_cse=prevent_cse)
+  return checkpoint(fn, policy=policy, prevent_cse=prevent_cse) if remat else fn
 
 
 def _normals(key: jax.Array,
@@ -85,13 +82,13 @@ def _cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
 # -- mlp ----------------------------------------------------------------------
 
 @functools.partial(jax.jit, static_argnames=('num_layers', 'width', 'batch'))
-def _mlp_args(key: jax.Array, *, num_layers: int, width: int, batch: int):
+def _mlp_args(key: jax.Array, *, num_layers: int, width: int, batch: int
+              ) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
   r = _normals(key, {'w': (num_layers, width, width), 'x': (batch, width),
                      'target': (batch, width)})
   params = {'w': _fan_in_scaled(r['w'], width),
             'b': jnp.zeros((num_layers, width), jnp.float32)}
-  data = {'x': r['x'], 'target': r['target']}
-  return params, data
+  return params, {'x': r['x'], 'target': r['target']}
 
 
 def mlp(*, num_layers: int = 16, width: int = 512, batch: int = 256,
@@ -103,6 +100,11 @@ def mlp(*, num_layers: int = 16, width: int = 512, batch: int = 256,
   the batch is ``{'x', 'target'}``, both ``(batch, width)``. Each layer names
   its pre-activation ``'pre_activation'`` and its output ``'layer_output'``.
   The loss is the mean squared error against the random target.
+
+  Saving ``'layer_output'`` saves nothing more than ``nothing_saveable``
+  (as with ``jax.checkpoint``): tanh's derivative reads tanh's own result,
+  not the named copy, whose other reader, the next layer, is saved anyway as
+  that layer's input. Saving ``'pre_activation'`` does save a stack.
   """
   params, data = _mlp_args(jax.random.key(seed), num_layers=num_layers,
                            width=width, batch=batch)
@@ -111,8 +113,8 @@ def mlp(*, num_layers: int = 16, width: int = 512, batch: int = 256,
     pre = checkpoint_name(h @ p['w'] + p['b'], 'pre_activation')
     return checkpoint_name(jnp.tanh(pre), 'layer_output'), None
 
-  # A scan body cannot be CSE'd across iterations, so, as JAX advises for
-  # remat under scan, the barrier that prevent_cse adds would only cost.
+  # scan already keeps the recompute apart from the forward pass, so the
+  # barrier prevent_cse adds would only cost (JAX's advice for remat in scan).
   body = _maybe_checkpoint(layer, remat=remat, policy=policy, prevent_cse=False)
 
   def loss_fn(params, data):
@@ -182,9 +184,7 @@ def _transformer_args(key: jax.Array, *, num_layers: int, d_model: int,
     blocks = [jax.tree_util.tree_map(lambda a: a[i], blocks)
               for i in range(num_layers)]
   params = {
-      'embed': r['embed'],
-      'pos': 0.1 * r['pos'],
-      'blocks': blocks,
+      'embed': r['embed'], 'pos': 0.1 * r['pos'], 'blocks': blocks,
       'ln_scale': jnp.ones((d_model,), jnp.float32),
       'ln_bias': jnp.zeros((d_model,), jnp.float32),
       'unembed': _fan_in_scaled(r['unembed'], d_model),
@@ -217,18 +217,16 @@ def transformer(*, num_layers: int = 4, d_model: int = 128,
       jax.random.key(seed), num_layers=num_layers, d_model=d_model,
       seq_len=seq_len, batch=batch, d_ff=d_ff, use_scan=use_scan)
 
-  def block(x, p):
-    return _transformer_block(x, p, num_heads)
+  block = functools.partial(_transformer_block, num_heads=num_heads)
+  checkpointed = _maybe_checkpoint(block, remat=remat, policy=policy,
+                                   prevent_cse=not use_scan)  # See mlp().
 
   def loss_fn(params, data):
     x = params['embed'][data['tokens']] + params['pos']
     if use_scan:
-      # See mlp(): prevent_cse is useless under scan.
-      body = _maybe_checkpoint(lambda x, p: (block(x, p), None), remat=remat,
-                               policy=policy, prevent_cse=False)
-      x, _ = jax.lax.scan(body, x, params['blocks'])
+      x, _ = jax.lax.scan(lambda x, p: (checkpointed(x, p), None), x,
+                          params['blocks'])
     else:
-      checkpointed = _maybe_checkpoint(block, remat=remat, policy=policy)
       for p in params['blocks']:
         x = checkpointed(x, p)
     x = _layer_norm(x, params['ln_scale'], params['ln_bias'])
@@ -250,7 +248,7 @@ def _conv3x3(x: jax.Array, kernel: jax.Array) -> jax.Array:
 def _convnet_args(key: jax.Array, *, num_blocks: int, channels: int,
                   image_size: int, batch: int, num_classes: int):
   k_normal, k_labels = jax.random.split(key)
-  c_ins = [3] + [channels] * (num_blocks - 1)
+  c_ins = [3 if i == 0 else channels for i in range(num_blocks)]
   r = _normals(k_normal, {
       'images': (batch, image_size, image_size, 3),
       'head': (channels, num_classes),
@@ -262,9 +260,8 @@ def _convnet_args(key: jax.Array, *, num_blocks: int, channels: int,
   params = {'blocks': blocks,
             'head': _fan_in_scaled(r['head'], channels),
             'head_bias': jnp.zeros((num_classes,), jnp.float32)}
-  images = r['images']
   labels = jax.random.randint(k_labels, (batch,), 0, num_classes)
-  return params, {'images': images, 'labels': labels}
+  return params, {'images': r['images'], 'labels': labels}
 
 
 def convnet(*, num_blocks: int = 3, channels: int = 16, image_size: int = 32,
@@ -278,6 +275,8 @@ def convnet(*, num_blocks: int = 3, channels: int = 16, image_size: int = 32,
   result (before relu) ``'conv_output'``. A global average pool feeds the
   classifier; the loss is the softmax cross-entropy against random labels.
   """
+  if num_blocks < 1:
+    raise ValueError(f'convnet needs num_blocks >= 1, got {num_blocks}.')
   params, data = _convnet_args(
       jax.random.key(seed), num_blocks=num_blocks, channels=channels,
       image_size=image_size, batch=batch, num_classes=num_classes)
