@@ -7,7 +7,7 @@ PYTHON     := $(VENV)/bin/python
 INSTALLED  := $(VENV)/.installed
 PYTEST_ARGS ?= -n 2
 
-.PHONY: test lab bench dot clean
+.PHONY: test lab bench report notebooks dot chromium clean
 
 $(PYTHON):
 	python3 -m venv $(VENV)
@@ -29,7 +29,18 @@ dot:
 	  fi; \
 	fi
 
-test: $(INSTALLED) dot
+# Debian's Chromium drives the browser tests (through Playwright).
+chromium:
+	@if [ ! -x /usr/bin/chromium ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "Installing Chromium with apt-get"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else \
+	    echo "Chromium is missing: the browser tests will fail. Install it with 'sudo apt-get install chromium'."; \
+	  fi; \
+	fi
+
+test: $(INSTALLED) dot chromium
 	$(PYTHON) -m pytest $(PYTEST_ARGS)
 
 # JupyterLab on the notebooks, on loopback only, with a token.
@@ -39,6 +50,16 @@ lab: $(INSTALLED) dot
 
 bench: $(INSTALLED)
 	$(PYTHON) bench/engine.py
+	$(PYTHON) bench/lowering.py
+	$(PYTHON) bench/analysis.py
+
+# A self-contained HTML report on the default example model.
+report: $(INSTALLED) dot
+	$(PYTHON) -m remat_explorer report --out report.html
+
+# Execute the tutorials in place, so they are committed with their outputs.
+notebooks: $(INSTALLED) dot
+	$(PYTHON) tests/run_notebooks.py --write notebooks/*.ipynb
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

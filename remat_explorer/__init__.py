@@ -1,8 +1,8 @@
 """remat_explorer: see what ``jax.checkpoint`` saves, recomputes, and costs.
 
-The engine (our own remat primitive, a drop-in ``jax.checkpoint``) is
-re-exported here; ``remat_explorer.analysis`` and ``remat_explorer.viz``
-build on it.
+The engine (our own remat primitive, a drop-in ``jax.checkpoint``), the
+analysis entry points and the Explorer are re-exported here;
+``remat_explorer.analysis`` and ``remat_explorer.viz`` hold the rest.
 """
 
 from remat_explorer.engine import (Offloadable, Recompute, Saveable,
@@ -10,11 +10,21 @@ from remat_explorer.engine import (Offloadable, Recompute, Saveable,
                                    checkpoint_policies, lowering_strategy,
                                    print_saved_residuals,
                                    remat, saved_residuals)
+from remat_explorer.analysis import analyze, compare, compile_costs, search_policy
 
 __version__ = '0.1.0'
 
 __all__ = [
     'checkpoint', 'remat', 'checkpoint_name', 'checkpoint_policies',
     'saved_residuals', 'print_saved_residuals', 'Saveable', 'Recompute',
-    'Offloadable', 'lowering_strategy',
+    'Offloadable', 'lowering_strategy', 'analyze', 'compile_costs', 'compare',
+    'search_policy', 'explore', 'Explorer',
 ]
+
+
+def __getattr__(name):
+  # The Explorer pulls in matplotlib, graphviz and ipywidgets: only on use.
+  if name in ('explore', 'Explorer'):
+    from remat_explorer import viz
+    return getattr(viz, name)
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

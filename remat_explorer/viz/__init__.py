@@ -1,5 +1,28 @@
 """Visualization: pure rendering functions of the analysis data, and widgets.
 
-Planned (see the project's issues): Graphviz split diagrams, matplotlib cost
-charts and an ipywidgets Explorer. Nothing is exported yet.
+* ``split_graph(report) -> graphviz.Digraph`` and ``to_svg``: the known/staged
+  split of each remat block, residual edges highlighted.
+* ``plot_memory_breakdown``, ``plot_pareto``, ``plot_residuals_by_origin``,
+  ``plot_memory_timeline``: matplotlib figures of compiled costs.
+* ``residual_table_html``, ``comparison_table_html``, ``report_jaxprs_html``:
+  HTML tables and jaxpr listings.
+* ``report_html``: a self-contained HTML report.
+* ``explore(f, *args)`` / ``Explorer``: the ipywidgets Explorer, which only
+  wires controls to the functions above.
 """
+
+from remat_explorer.viz.charts import (plot_memory_breakdown, plot_memory_timeline,
+                                       plot_pareto, plot_residuals_by_origin)
+from remat_explorer.viz.explorer import Explorer, StaticView, explore
+from remat_explorer.viz.html_report import report_html
+from remat_explorer.viz.split_graph import split_graph, to_svg
+from remat_explorer.viz.tables import (comparison_table_html, jaxpr_html,
+                                       report_jaxprs_html, residual_table_html)
+from remat_explorer.viz.text import format_bytes, format_flops
+
+__all__ = [
+    'split_graph', 'to_svg', 'plot_memory_breakdown', 'plot_pareto',
+    'plot_residuals_by_origin', 'plot_memory_timeline', 'residual_table_html',
+    'comparison_table_html', 'jaxpr_html', 'report_jaxprs_html', 'report_html',
+    'explore', 'Explorer', 'StaticView', 'format_bytes', 'format_flops',
+]

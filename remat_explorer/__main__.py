@@ -1,0 +1,79 @@
+"""Command line: ``python -m remat_explorer report [...]``.
+
+Writes a self-contained HTML report for an example model or for a function
+of yours (``--fn module:function``, a function that returns
+``(loss_fn, args)``), printing progress while it compiles.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import time
+from pathlib import Path
+
+
+def _load_problem(args):
+  from remat_explorer import examples
+  if args.fn:
+    module_name, _, attr = args.fn.partition(':')
+    if not attr:
+      raise SystemExit(f'--fn expects module:function, got {args.fn!r}')
+    try:
+      make = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+      raise SystemExit(f'cannot load {args.fn!r}: {e}') from e
+    loss_fn, fn_args = make()
+    return loss_fn, tuple(fn_args)
+  return examples.build(args.model)
+
+
+def report_main(argv=None) -> int:
+  parser = argparse.ArgumentParser(
+      prog='python -m remat_explorer report',
+      description='Write a self-contained HTML report on a model\'s remat policies.')
+  source = parser.add_mutually_exclusive_group()
+  source.add_argument('--model', default='transformer',
+                      choices=['transformer', 'mlp', 'convnet'],
+                      help='an example model at its default size')
+  source.add_argument('--fn', help='module:function returning (loss_fn, args)')
+  parser.add_argument('--policy', default='dots_saveable',
+                      help='the policy shown in detail (a comparison row label)')
+  parser.add_argument('--out', default='report.html', type=Path)
+  args = parser.parse_args(argv)
+
+  from remat_explorer.analysis import analyze, builtin_policies, compare
+  from remat_explorer.viz.html_report import report_html
+
+  loss_fn, fn_args = _load_problem(args)
+  start = time.perf_counter()
+  names = analyze(loss_fn, *fn_args).names_in_program
+  labels = ['no remat', *builtin_policies(names)]
+  if args.policy not in labels:  # said before anything compiles
+    print(f'--policy {args.policy!r} is not one of {labels}', file=sys.stderr)
+    return 2
+
+  def progress(i, n, label):
+    if i < n:
+      print(f'[{i + 1}/{n}] compiling under {label} '
+            f'({time.perf_counter() - start:.1f} s)', flush=True)
+  comparison = compare(loss_fn, *fn_args, progress=progress)
+  shown = comparison.row(args.policy).report
+  args.out.write_text(report_html(comparison, shown), encoding='utf-8')
+  print(f'wrote {args.out} ({args.out.stat().st_size / 1024:.0f} KiB) in '
+        f'{time.perf_counter() - start:.1f} s')
+  return 0
+
+
+def main(argv=None) -> int:
+  argv = sys.argv[1:] if argv is None else argv
+  if not argv or argv[0] != 'report':
+    print('usage: python -m remat_explorer report [--model M | --fn module:function] '
+          '[--policy P] [--out report.html]', file=sys.stderr)
+    return 2
+  return report_main(argv[1:])
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,225 @@
+"""Matplotlib charts of compiled costs: pure functions from analysis data to a
+``Figure``.
+
+Figures are built with ``matplotlib.figure.Figure`` directly, never through
+``pyplot``'s global state, so they can be drawn from the Explorer's
+background thread and never pile up in a notebook. Memory on every axis is
+in KiB/MiB/GiB and FLOPs in kFLOP/MFLOP/GFLOP, scaled to the data.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Mapping
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
+
+from remat_explorer.analysis.compare import Comparison, PolicyRow
+from remat_explorer.analysis.compiled import CompiledCosts
+from remat_explorer.analysis.report import RematReport
+from remat_explorer.viz.text import byte_unit, flop_unit, format_bytes, format_flops
+
+BREAKDOWN_PARTS = ('arguments', 'outputs', 'residuals at peak', 'other temporaries')
+BREAKDOWN_COLORS = ('#9ecae1', '#c6dbef', '#d62728', '#fdae6b')
+FRONT_COLOR = '#2ca02c'
+
+
+# -- memory by policy -------------------------------------------------------------
+
+def memory_breakdown(row: PolicyRow) -> dict[str, int]:
+  """A compiled row's device bytes split into `BREAKDOWN_PARTS`.
+
+  Arguments, outputs and temporaries are XLA's ``memory_analysis``; the
+  residual share of the temporaries is the residual buffers live at the
+  compiled schedule's peak (0 when no timeline could be derived).
+  """
+  costs = row.costs
+  residuals = 0
+  timeline = costs.timeline
+  if timeline is not None:
+    residuals = sum(b.bytes for b in timeline.live_at(timeline.peak_step)
+                    if b.is_residual and b.memory_space == 0
+                    and not b.is_parameter and not b.is_output)
+  temp = costs.temp_bytes or 0
+  residuals = min(residuals, temp)
+  return {'arguments': costs.argument_bytes or 0, 'outputs': costs.output_bytes or 0,
+          'residuals at peak': residuals, 'other temporaries': temp - residuals}
+
+
+def plot_memory_breakdown(comparison: Comparison) -> Figure:
+  """One stacked bar per compiled policy: arguments, outputs, residual
+  buffers live at the peak and the other temporaries, as XLA compiled them."""
+  rows = [r for r in comparison.rows if not r.failed]
+  parts = [memory_breakdown(r) for r in rows]
+  fig = Figure(figsize=(8, 0.45 * len(rows) + 1.6), layout='constrained')
+  ax = fig.add_subplot()
+  scale = byte_unit(max((sum(p.values()) for p in parts), default=1))
+  left = np.zeros(len(rows))
+  for part, color in zip(BREAKDOWN_PARTS, BREAKDOWN_COLORS):
+    widths = np.array([p[part] for p in parts], dtype=float) / scale
+    ax.barh(range(len(rows)), widths, left=left, color=color, label=part)
+    left += widths
+  ax.set_yticks(range(len(rows)), [short_label(r.label) for r in rows])
+  ax.invert_yaxis()
+  ax.set_xlabel(f'compiled device memory ({_unit_name(format_bytes(scale))})')
+  ax.legend(loc='lower right', fontsize='small')
+  ax.set_title(f'{comparison.function}: memory by policy on {comparison.device_kind}')
+  failed = [r.label for r in comparison.rows if r.failed]
+  if failed:
+    fig.text(0.01, 0.0, 'failed to compile: ' + ', '.join(failed), fontsize='small',
+             color='#b00020')
+  return fig
+
+
+# -- peak memory against FLOPs ------------------------------------------------------
+
+def pareto_points(comparison: Comparison) -> list[tuple[str, int, int, bool]]:
+  """``(label, peak bytes, FLOPs, on the front)`` for each compiled policy;
+  FLOPs are the jaxpr's count (trip counts applied), as the charts use."""
+  return [(r.label, r.peak_bytes, r.flops, r.on_pareto_front) for r in comparison.rows
+          if not r.failed and r.peak_bytes is not None and r.flops is not None]
+
+
+def plot_pareto(comparison: Comparison, *, selected: str | None = None,
+                search_result=None) -> Figure:
+  """Peak memory against FLOPs, one point per policy, with the Pareto front
+  drawn, the `selected` policy ringed and the searched policy starred."""
+  points = pareto_points(comparison)
+  fig = Figure(figsize=(8, 5), layout='constrained')
+  ax = fig.add_subplot()
+  extra = [] if search_result is None else [(search_result.peak_bytes, search_result.flops)]
+  mem_scale = byte_unit(max([p[1] for p in points] + [m for m, _ in extra], default=1))
+  flop_scale = flop_unit(max([p[2] for p in points] + [f for _, f in extra], default=1))
+  for label, peak, flops, on_front in points:
+    x, y = peak / mem_scale, flops / flop_scale
+    ax.scatter([x], [y], s=45, zorder=3, color=FRONT_COLOR if on_front else '#7f7f7f')
+    ax.annotate(short_label(label), (x, y), xytext=(5, 4), textcoords='offset points', fontsize=8)
+    if label == selected:
+      ax.scatter([x], [y], s=220, facecolors='none', edgecolors='#1f77b4', linewidths=2,
+                 zorder=4, label=f'selected: {short_label(label)}')
+  front = sorted((p[1], p[2]) for p in points if p[3])
+  if front:
+    xs, ys = zip(*front)
+    ax.step(np.array(xs) / mem_scale, np.array(ys) / flop_scale, where='post',
+            color=FRONT_COLOR, linestyle='--', zorder=2, label='Pareto front')
+  if search_result is not None:
+    ax.scatter([search_result.peak_bytes / mem_scale], [search_result.flops / flop_scale],
+               marker='*', s=260, color='#ff7f0e', edgecolors='black', zorder=5,
+               label=f'searched: {short_label(search_result.label)}')
+    ax.axvline(search_result.budget_bytes / mem_scale, color='#ff7f0e', linestyle=':',
+               label=f'budget {format_bytes(search_result.budget_bytes)}')
+  ax.set_xlabel(f'peak device memory ({_unit_name(format_bytes(mem_scale))})')
+  ax.set_ylabel(f'FLOPs, forward + backward ({_unit_name(format_flops(flop_scale))})')
+  ax.set_title(f'{comparison.function}: memory against FLOPs on {comparison.device_kind}')
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize='small')
+  return fig
+
+
+# -- residuals by origin ------------------------------------------------------------
+
+def residual_bytes_by_origin(report: RematReport) -> dict[str, int]:
+  """Residual bytes grouped by where they come from: a ``checkpoint_name``,
+  an argument, or the primitive that produced them."""
+  groups: dict[str, int] = defaultdict(int)
+  for r in report.residuals:
+    if r.name is not None:
+      key = f'name: {r.name}'
+    elif r.kind == 'argument':
+      key = 'arguments'
+    elif r.primitive is not None:
+      key = f'primitive: {r.primitive}'
+    else:
+      key = r.kind
+    groups[key] += r.bytes
+  return dict(sorted(groups.items(), key=lambda kv: -kv[1]))
+
+
+def plot_residuals_by_origin(report: RematReport) -> Figure:
+  """Horizontal bars: residual bytes by origin under one policy."""
+  groups = residual_bytes_by_origin(report)
+  fig = Figure(figsize=(8, 0.35 * max(len(groups), 1) + 1.4), layout='constrained')
+  ax = fig.add_subplot()
+  scale = byte_unit(max(groups.values(), default=1))
+  ax.barh(range(len(groups)), [b / scale for b in groups.values()], color='#d62728')
+  ax.set_yticks(range(len(groups)), [short_label(g) for g in groups])
+  ax.invert_yaxis()
+  for i, b in enumerate(groups.values()):
+    ax.annotate(format_bytes(b), (b / scale, i), xytext=(3, 0), textcoords='offset points',
+                va='center', fontsize=8)
+  ax.set_xlabel(f'residual bytes ({_unit_name(format_bytes(scale))})')
+  total = format_bytes(sum(groups.values()))
+  ax.set_title(f'{report.function} · {report.policy}: {total} of residuals')
+  if not groups:
+    ax.text(0.5, 0.5, 'no residuals', transform=ax.transAxes, ha='center')
+  return fig
+
+
+# -- memory along the schedule ---------------------------------------------------------
+
+def residual_live_bytes(costs: CompiledCosts) -> np.ndarray:
+  """Device bytes held by residual buffers at each step of the timeline."""
+  timeline = costs.timeline
+  delta = np.zeros(len(timeline.steps) + 1, dtype=np.int64)
+  for b in timeline.buffers:
+    if b.is_residual and b.memory_space == 0:
+      delta[b.start] += b.bytes
+      delta[b.end + 1] -= b.bytes
+  return np.cumsum(delta)[:-1]
+
+
+def plot_memory_timeline(costs_by_label: Mapping[str, CompiledCosts]) -> Figure:
+  """Live device bytes along each compiled program's schedule, overlaid.
+
+  Schedules differ in length, so the x axis is the position in the schedule
+  (0 = first instruction, 1 = last). The shaded band under each line is the
+  part held by residual buffers; a dot marks each peak.
+  """
+  shown = {k: c for k, c in costs_by_label.items()
+           if not c.failed and c.timeline is not None and c.timeline.steps}
+  fig = Figure(figsize=(9, 4.5), layout='constrained')
+  ax = fig.add_subplot()
+  scale = byte_unit(max((c.timeline.peak_bytes for c in shown.values()), default=1))
+  colors = _cycle_colors(len(shown))
+  for (label, costs), color in zip(shown.items(), colors):
+    t = costs.timeline
+    x = np.linspace(0, 1, len(t.steps))
+    ax.step(x, np.array(t.live_bytes) / scale, where='post', color=color,
+            label=f'{short_label(label)} (peak {format_bytes(t.peak_bytes)})')
+    ax.fill_between(x, residual_live_bytes(costs) / scale, step='post', color=color,
+                    alpha=0.18)
+    ax.scatter([x[t.peak_step]], [t.peak_bytes / scale], color=color, zorder=3, s=25)
+  ax.set_xlabel('position in the compiled schedule')
+  ax.set_ylabel(f'live device memory ({_unit_name(format_bytes(scale))})')
+  kinds = sorted({c.device_kind for c in shown.values()})
+  functions = sorted({c.function for c in shown.values()})
+  ax.set_title(f'{", ".join(functions)}: memory along the schedule on {", ".join(kinds)}'
+               '\n(shaded: residual buffers)')
+  ax.grid(alpha=0.3)
+  if shown:
+    ax.legend(fontsize='small')
+  else:
+    ax.text(0.5, 0.5, 'no compiled timeline', transform=ax.transAxes, ha='center')
+  ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f'{v:.0%}'))
+  return fig
+
+
+# -- helpers ----------------------------------------------------------------------------
+
+def short_label(label: str, limit: int = 36) -> str:
+  """`label` cut to `limit` characters: policy labels that list many names
+  would otherwise squeeze the axes away (the tables keep them whole)."""
+  return label if len(label) <= limit else label[:limit - 1] + '…'
+
+
+def _unit_name(formatted_one_unit: str) -> str:
+  """'1.0 MiB' -> 'MiB': the unit a scale formats to."""
+  return formatted_one_unit.split()[-1]
+
+
+def _cycle_colors(n: int) -> list[str]:
+  palette = ['#1f77b4', '#ff7f0e', '#2ca02c', '#9467bd', '#8c564b', '#e377c2',
+             '#17becf', '#bcbd22', '#7f7f7f', '#d62728']
+  return [palette[i % len(palette)] for i in range(n)]

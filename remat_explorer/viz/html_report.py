@@ -1,0 +1,101 @@
+"""A self-contained HTML report: one file with the diagrams, charts and tables.
+
+``report_html`` is a pure function of analysis data (a ``Comparison`` and the
+``RematReport`` of the policy to show in detail); it inlines the split
+diagram as SVG and the charts as PNG, so the file opens anywhere offline.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+
+from matplotlib.figure import Figure
+
+from remat_explorer.viz.charts import (plot_memory_breakdown, plot_memory_timeline,
+                                       plot_pareto, plot_residuals_by_origin)
+from remat_explorer.viz.split_graph import split_graph, to_svg
+from remat_explorer.viz.tables import (comparison_table_html, report_jaxprs_html,
+                                       residual_table_html)
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px;
+       color: #222; }
+h1, h2 { font-weight: 600; }
+section { margin-bottom: 2.5em; }
+.note { color: #555; font-size: 0.9em; }
+.warning { background: #fff4e5; border-left: 4px solid #f0a020; padding: 0.5em 1em; }
+.diagram svg { max-width: 100%; height: auto; }
+img.chart { max-width: 100%; }
+table { border-collapse: collapse; font-size: 0.9em; }
+td, th { border: 1px solid #ddd; padding: 0.25em 0.6em; text-align: left; }
+pre { background: #f7f7f7; padding: 1em; overflow-x: auto; font-size: 0.8em; }
+"""
+
+
+def figure_png_data_uri(figure: Figure) -> str:
+  buffer = io.BytesIO()
+  figure.savefig(buffer, format='png', dpi=110, bbox_inches='tight')
+  return 'data:image/png;base64,' + base64.b64encode(buffer.getvalue()).decode('ascii')
+
+
+def _chart(figure: Figure, alt: str) -> str:
+  return f'<img class="chart" alt="{html.escape(alt)}" src="{figure_png_data_uri(figure)}">'
+
+
+def report_html(comparison, report, *, title: str | None = None,
+                search_result=None) -> str:
+  """The whole report as one HTML document (a string)."""
+  esc = html.escape
+  title = title or f'Rematerialization report: {comparison.function}'
+  selected = next((r for r in comparison.rows if r.report is report), None)
+  costs_by_label = {r.label: r.costs for r in comparison.rows
+                    if not r.failed and r.costs.timeline is not None}
+  warnings = list(comparison.warnings) + list(report.warnings)
+  parts = [
+      '<!DOCTYPE html><html><head><meta charset="utf-8">',
+      f'<title>{esc(title)}</title><style>{_STYLE}</style></head><body>',
+      f'<h1>{esc(title)}</h1>',
+      f'<p class="note">Device: {esc(comparison.device_kind)} '
+      f'({esc(comparison.platform)}). Memory and XLA FLOPs are XLA\'s compiled '
+      'figures; the charts plot FLOPs counted from the jaxpr (scan trip counts '
+      'applied), with XLA\'s count in the table.</p>',
+  ]
+  if warnings:
+    parts.append('<section><h2>Warnings</h2>' + ''.join(
+        f'<p class="warning">{esc(w)}</p>' for w in warnings) + '</section>')
+  parts += [
+      '<section><h2>Policies compared</h2>', comparison_table_html(comparison),
+      _chart(plot_pareto(comparison, selected=selected and selected.label,
+                         search_result=search_result), 'Peak memory against FLOPs'),
+      _chart(plot_memory_breakdown(comparison), 'Memory by policy'),
+      '</section>',
+  ]
+  if costs_by_label:
+    parts += ['<section><h2>Memory along the compiled schedule</h2>',
+              _chart(plot_memory_timeline(costs_by_label), 'Memory timeline'),
+              '</section>']
+  parts += [
+      f'<section><h2>Split under {esc(report.policy)}</h2>',
+      '<div class="diagram">', _svg_or_message(report), '</div>',
+      '</section>',
+      f'<section><h2>Residuals under {esc(report.policy)}</h2>',
+      residual_table_html(report),
+      _chart(plot_residuals_by_origin(report), 'Residual bytes by origin'),
+      '</section>',
+      '<section><h2>Program</h2>', report_jaxprs_html(report), '</section>',
+      '</body></html>',
+  ]
+  return '\n'.join(parts)
+
+
+def _svg_or_message(report) -> str:
+  graph = split_graph(report)
+  try:
+    svg = to_svg(graph)
+  except RuntimeError as e:  # no Graphviz: say so, and keep the DOT source
+    return (f'<p class="warning">{html.escape(str(e))}</p>'
+            f'<pre>{html.escape(graph.source)}</pre>')
+  # Drop the XML prologue so the SVG inlines into HTML.
+  return svg[svg.index('<svg'):]
