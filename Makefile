@@ -46,12 +46,13 @@ test: $(INSTALLED) dot chromium
 # JupyterLab on the notebooks, on loopback only, with a token.
 lab: $(INSTALLED) dot
 	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --no-browser \
-	  --ServerApp.root_dir=notebooks
+	  --ServerApp.root_dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
 
 bench: $(INSTALLED)
 	$(PYTHON) bench/engine.py
 	$(PYTHON) bench/lowering.py
 	$(PYTHON) bench/analysis.py
+	$(PYTHON) bench/viz.py
 
 # A self-contained HTML report on the default example model.
 report: $(INSTALLED) dot

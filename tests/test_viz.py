@@ -284,3 +284,14 @@ def test_static_view_without_widgets(problem):
   report = analyze(*problem[:1], *problem[1])
   html = viz.StaticView(report)._repr_html_()
   assert '<svg' in html and 'remat-residual-table' in html
+
+
+def test_explorer_falls_back_to_static_html_where_widgets_do_not_run(problem):
+  f, args = problem
+  e = rx.explore(f, *args)
+  e.wait(300)
+  bundle = e._repr_mimebundle_()
+  assert bundle['application/vnd.jupyter.widget-view+json']['model_id'] == e.widget.model_id
+  static = bundle['text/html']
+  assert '<svg' in static and 'remat-residual-table' in static
+  assert f'under policy {e.policy.value}' in static

@@ -9,6 +9,7 @@ an error is shown in the widget and the previous views stay.
 from __future__ import annotations
 
 import html
+import re
 import threading
 import traceback
 
@@ -25,6 +26,7 @@ from remat_explorer.viz.tables import (RESIDUAL_SORT_KEYS, comparison_table_html
 
 TABS = ('Split diagram', 'Residuals', 'Costs', 'Compare', 'Program')
 _NAMED = 'save_only_these_names (pick names)'
+_SHRINK_TO_FIT_PT = 2000
 
 
 def explore(f, *args, argnums=0, **kwargs):
@@ -167,8 +169,8 @@ class Explorer:
     timelines = {self.policy.value: costs}
     if not baseline.failed:
       timelines['no remat'] = baseline
-    self.costs_view.value = (f'<table>{rows}</table>'
-                             + _img(plot_memory_timeline(timelines)))
+    self.costs_view.value = (f'<div class="remat-costs"><table>{rows}</table>'
+                             + _img(plot_memory_timeline(timelines)) + '</div>')
 
   def _compare(self):
     self.comparison = compare(self.f, *self.args, lowering=self.lowering.value,
@@ -242,11 +244,15 @@ class Explorer:
         f'<p class="warning" style="color:#8a5a00">{html.escape(w)}</p>' for w in warnings)
 
   def _repr_mimebundle_(self, **kwargs):
-    return self.widget._repr_mimebundle_(**kwargs)
-
-  def _ipython_display_(self):
-    from IPython.display import display
-    display(self.widget)
+    # Front ends that run widgets show the widget; the others (a notebook
+    # viewer, nbconvert, a kernel-less reader) fall back to the static HTML
+    # of what the widget shows when first displayed.
+    bundle = dict(self.widget._repr_mimebundle_(**kwargs))
+    try:
+      bundle['text/html'] = StaticView(self.current_report())._repr_html_()
+    except Exception:  # the widget itself shows errors; no fallback then
+      pass
+    return bundle
 
 
 def _svg(graph) -> str:
@@ -255,7 +261,14 @@ def _svg(graph) -> str:
   except RuntimeError as e:
     return (f'<p style="color:#b00020">{html.escape(str(e))}</p>'
             f'<pre>{html.escape(graph.source)}</pre>')
-  return f'<div class="remat-split">{svg[svg.index("<svg"):]}</div>'
+  svg = svg[svg.index('<svg'):]
+  # A diagram up to about twice the notebook's width is shrunk to fit; a
+  # larger one scrolls instead, since shrinking it would make it unreadable.
+  width = re.match(r'<svg width="([\d.]+)pt"', svg)
+  if width and float(width.group(1)) <= _SHRINK_TO_FIT_PT:
+    svg = '<svg style="max-width:100%;height:auto" ' + svg[len('<svg '):]
+  return (f'<div class="remat-split" style="overflow:auto;max-height:85vh">'
+          f'{svg}</div>')
 
 
 def _img(figure) -> str:
