@@ -58,6 +58,15 @@ def checks_enabled() -> bool:
   return bool(config.enable_checks.value)
 
 
+def traced_setting(name: str, values, help: str):
+  """A thread-local setting, usable as ``with setting(value):``, that is part
+  of the key of JAX's tracing and compilation caches, so that a function
+  traced under one value is traced again under another."""
+  return config.optional_enum_state(
+      name, values, None, help, include_in_jit_key=True,
+      include_in_trace_context=True)
+
+
 def effects_remat_disallows(jaxpr_effects):
   """The subset of `jaxpr_effects` that remat cannot partially evaluate."""
   return effects.remat_allowed_effects.filter_not_in(jaxpr_effects)

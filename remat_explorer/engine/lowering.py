@@ -20,7 +20,6 @@ and ``"none"`` lowers it inline, as ``prevent_cse=False`` does.
 from __future__ import annotations
 
 import contextlib
-import threading
 
 import jax
 import numpy as np
@@ -32,7 +31,12 @@ core, mlir = jx.core, jx.mlir
 STRATEGIES = ('barrier', 'cond', 'while', 'none')
 DEFAULT_STRATEGY = 'barrier'
 
-_default = threading.local()
+# Part of JAX's trace and jit cache keys: a function jitted outside a
+# `lowering_strategy` block and called inside it is traced again, so the
+# block's strategy reaches it instead of a stale trace's.
+_enclosing_strategy = jx.traced_setting(
+    'remat_explorer_lowering', STRATEGIES,
+    help='How checkpoints that name no lowering strategy protect their recompute.')
 
 
 def check_strategy(lowering) -> str:
@@ -48,19 +52,15 @@ def lowering_strategy(lowering: str):
   """Lower checkpoints called inside this block with `lowering`, unless they
   name a strategy of their own."""
   check_strategy(lowering)
-  previous = getattr(_default, 'strategy', None)
-  _default.strategy = lowering
-  try:
+  with _enclosing_strategy(lowering):
     yield
-  finally:
-    _default.strategy = previous
 
 
 def current_strategy(explicit: str | None) -> str:
   """The strategy for a block: its own, else the enclosing block's, else the default."""
   if explicit is not None:
     return explicit
-  return getattr(_default, 'strategy', None) or DEFAULT_STRATEGY
+  return _enclosing_strategy.value or DEFAULT_STRATEGY
 
 
 def lower_checkpoint(ctx, *args, jaxpr, prevent_cse, differentiated, policy,
