@@ -113,6 +113,18 @@ def test_ref_initial_value_is_a_residual():
   assert any(s.shape == start.shape and np.array_equal(s, start) for s in saved)
 
 
+def test_saved_ref_value_is_reported_at_the_users_line():
+  def f(y, x_ref):
+    out = y * x_ref[...]  # the block's first use of the ref
+    x_ref[...] += 1
+    return out
+  reports = rx.saved_residuals(rx.checkpoint(f), 1.0, jax.new_ref(1.0))
+  descriptions = [d for _, d in reports]
+  (ref_value,) = [d for d in descriptions if 'get' in d]
+  assert __file__ in ref_value and '(f)' in ref_value
+  assert 'refs.py' not in ' '.join(descriptions)
+
+
 def test_writes_after_the_block_do_not_reach_the_recompute():
   # The recompute reads the saved value, not what the ref holds by then.
   start = _random(3)

@@ -50,6 +50,12 @@ def hide_frames_of(filename: str) -> None:
   traceback_util.register_exclusion(filename)
 
 
+def source_info_of(eqn):
+  """A context in which new equations take `eqn`'s source line and names."""
+  return source_info_util.user_context(
+      eqn.source_info.traceback, name_stack=eqn.source_info.name_stack)
+
+
 def log_checkpoint_residuals_enabled() -> bool:
   return bool(config.log_checkpoint_residuals.value)
 

@@ -25,6 +25,7 @@ A block meets refs in two ways.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 from remat_explorer.engine import _jax_internals as jx
@@ -79,10 +80,17 @@ def recompute_from_saved_ref_values(split, in_avals, in_unknowns):
   old_known_in = [i for i, used in zip(known_positions, split.known_inputs_used)
                   if used]
 
+  first_use = _first_use_of_inputs(split, old_known_in, captured)
+
   def known_then_ref_values(*args):
     by_position = dict(zip(known_in, args))
-    # Read first: the known jaxpr may write to these refs.
-    initial_values = [by_position[i][...] for i in captured]
+    # Read first: the known jaxpr may write to these refs. Each read takes
+    # the source line of the block's first use of its ref, so residual
+    # reports point at the user's code rather than at this module.
+    initial_values = []
+    for i in captured:
+      with jx.source_info_of(first_use[i]) if first_use[i] else contextlib.nullcontext():
+        initial_values.append(by_position[i][...])
     outs = core.eval_jaxpr(split.known, (), *(by_position[i] for i in old_known_in))
     return [*outs, *initial_values]
 
@@ -113,6 +121,25 @@ def recompute_from_saved_ref_values(split, in_avals, in_unknowns):
       known_inputs_used=tuple(known_used),
       staged_inputs_used=tuple(used and i not in captured for i, used
                                in enumerate(split.staged_inputs_used)))
+
+
+def _first_use_of_inputs(split, known_in, positions) -> dict:
+  """For each block input at `positions`, the first equation of the known
+  (else the staged) jaxpr that reads it, or None."""
+  staged_in = [i for i, used in enumerate(split.staged_inputs_used) if used]
+  variables = {}
+  for i in positions:
+    variables[i] = []
+    if i in known_in:
+      variables[i].append(split.known.invars[known_in.index(i)])
+    if i in staged_in:
+      variables[i].append(split.staged.invars[split.num_residuals + staged_in.index(i)])
+  first = {}
+  for i, wanted in variables.items():
+    first[i] = next((e for jaxpr in (split.known, split.staged) for e in jaxpr.eqns
+                     if any(v in wanted for v in e.invars if isinstance(v, core.Var))),
+                    None)
+  return first
 
 
 def _trace(fun, in_avals, dbg) -> core.Jaxpr:
