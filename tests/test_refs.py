@@ -122,7 +122,7 @@ def test_saved_ref_value_is_reported_at_the_users_line():
   descriptions = [d for _, d in reports]
   (ref_value,) = [d for d in descriptions if 'get' in d]
   assert __file__ in ref_value and ref_value.endswith('.f)')
-  assert 'refs.py' not in ' '.join(descriptions)
+  assert 'remat_explorer/engine' not in ' '.join(descriptions)
 
 
 def test_writes_after_the_block_do_not_reach_the_recompute():
