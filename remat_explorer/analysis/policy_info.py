@@ -10,6 +10,7 @@ the results, so the report says so.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterable
 
 from remat_explorer.engine import policies as ours
@@ -39,14 +40,31 @@ def describe_policy(policy) -> str:
   if isinstance(policy, ours.SaveAndOffloadOnlyTheseNames):
     return (f'save_and_offload_only_these_names(saved={sorted(policy.saved)}, '
             f'offloaded={sorted(policy.offloaded)})')
+  if isinstance(policy, ours.OffloadDotWithNoBatchDims):
+    return (f'offload_dot_with_no_batch_dims({policy.offload_src!r}, '
+            f'{policy.offload_dst!r})')
   if isinstance(policy, ours.SaveFromBothPolicies):
     return (f'save_from_both_policies({describe_policy(policy.first)}, '
             f'{describe_policy(policy.second)})')
+  if dataclasses.is_dataclass(policy) and not isinstance(policy, type):
+    return _describe_jax_dataclass(policy)
   qualname = getattr(policy, '__qualname__', None)
   if qualname and '.<locals>' in qualname:  # JAX's policies built by a factory
     names = sorted(policy_names(policy)[0])
     return f"{qualname.split('.<locals>')[0]}({', '.join(map(repr, names))})"
   return getattr(policy, '__name__', None) or repr(policy)
+
+
+def _describe_jax_dataclass(policy) -> str:
+  """JAX's dataclass policies (``DotsSaveable``, ``SaveOnlyTheseNames``, ...)
+  by the factory that builds them: the class name in snake case."""
+  cls = type(policy).__name__
+  if cls == 'DotsSaveable':
+    return ('dots_with_no_batch_dims_saveable'
+            if getattr(policy, 'only_if_no_batch_dims', False) else 'dots_saveable')
+  factory = re.sub(r'(?<!^)(?=[A-Z])', '_', cls).lower()
+  names = sorted(policy_names(policy)[0])
+  return f"{factory}({', '.join(map(repr, names))})"
 
 
 _NAMED_POLICY_FACTORIES = {
