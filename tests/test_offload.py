@@ -72,3 +72,18 @@ def test_offloaded_lowering_and_compiled_memory_match_jax(index):
   assert stats[0].host_temp_size_in_bytes == stats[1].host_temp_size_in_bytes
   if jax.devices()[0].platform != 'cpu':
     assert any('pinned_host' in a for a in annotations[0])
+
+
+def test_offloaded_residuals_keep_the_name_of_the_value_that_moved():
+  from remat_explorer.analysis import analyze
+  def block(x, w):
+    scores = rx.checkpoint_name(jnp.sin(x @ w), 'scores')
+    return jnp.sum(jnp.cos(scores) @ w)
+  policy = rx.checkpoint_policies.save_and_offload_only_these_names(
+      names_which_can_be_saved=[], names_which_can_be_offloaded=['scores'],
+      offload_src='device', offload_dst='pinned_host')
+  x = jax.random.normal(jax.random.key(0), (4, 8))
+  w = jax.random.normal(jax.random.key(1), (8, 8))
+  (offloaded,) = [r for r in analyze(rx.checkpoint(block, policy=policy), x, w).residuals
+                  if r.memory_space == 'host']
+  assert offloaded.name == 'scores' and offloaded.primitive == 'device_put'

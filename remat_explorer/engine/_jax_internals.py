@@ -10,6 +10,7 @@ from jax._src import ad_util
 from jax._src import api_util
 from jax._src import config
 from jax._src import core
+from jax._src import dispatch
 from jax._src import dtypes
 from jax._src import effects
 from jax._src import source_info_util
@@ -37,6 +38,7 @@ dot_general_p = lax_internal.dot_general_p
 conv_general_dilated_p = lax_convolution.conv_general_dilated_p
 reduce_precision_p = lax_internal.reduce_precision_p
 closed_call_p = core.closed_call_p
+device_put_p = dispatch.device_put_p
 
 # What a policy may answer besides a bool.
 Saveable = pe.Saveable

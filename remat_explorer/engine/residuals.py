@@ -91,10 +91,12 @@ def residual_origins(jaxpr: core.Jaxpr, arg_names: Sequence[str]
       origins.append(ResidualOrigin(
           v.aval, 'argument', f'from {where}', var=v,
           argument=arg_names[i] or None, argument_index=i))
+  producers = {}
   for index, eqn in enumerate(jaxpr.eqns):
+    producers.update((v, eqn) for v in eqn.outvars)
     for v in eqn.outvars:
       if v in residual_vars:
-        origins.append(_equation_origin(index, eqn, v))
+        origins.append(_equation_origin(index, eqn, v, producers))
   return origins
 
 
@@ -104,9 +106,14 @@ def describe_residuals(jaxpr: core.Jaxpr, arg_names: Sequence[str]
   return [(o.aval, o.description) for o in residual_origins(jaxpr, arg_names)]
 
 
-def _equation_origin(index, eqn, var) -> ResidualOrigin:
+def _equation_origin(index, eqn, var, producers) -> ResidualOrigin:
   where = jx.source_info_util.summarize(eqn.source_info)
   name = jx.name_of_named_value(eqn)
+  offloaded = None
+  if eqn.primitive is jx.device_put_p and eqn.invars[0] in producers:
+    # An offloaded residual: JAX words it by the device_put; the data keeps
+    # the name of the value that moved, which is what the user chose.
+    offloaded = jx.name_of_named_value(producers[eqn.invars[0]])
   if name:
     description = f"named '{name}' from {where}"
   elif eqn.primitive.name == 'jit':
@@ -115,7 +122,7 @@ def _equation_origin(index, eqn, var) -> ResidualOrigin:
     description = f'output of {eqn.primitive.name} from {where}'
   return ResidualOrigin(var.aval, 'equation', description, var=var,
                         equation_index=index, primitive=eqn.primitive.name,
-                        name=name, source=where)
+                        name=name or offloaded, source=where)
 
 
 def log_residuals(level: int, logger, split, staged_input_unknowns) -> None:
