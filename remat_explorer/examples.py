@@ -14,6 +14,10 @@ Every block goes through our ``checkpoint`` with the builder's ``policy``
 (``remat=False``: no checkpoint, same math); the intermediates named with
 ``checkpoint_name`` are listed in ``MLP_NAMES``, ``TRANSFORMER_NAMES`` and
 ``CONVNET_NAMES``, for the named-value policies.
+
+``sharded_transformer(mesh, ...)`` is the transformer with its params and
+batch sharded over a 2D ``('data', 'model')`` device mesh
+(``data_model_mesh``); it is not in ``MODELS``, since it needs the mesh.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from remat_explorer import checkpoint, checkpoint_name
 
@@ -126,30 +131,35 @@ def mlp(*, num_layers: int = 16, width: int = 512, batch: int = 256,
 
 # -- transformer --------------------------------------------------------------
 
-def _attention(x: jax.Array, p: dict[str, jax.Array],
-               num_heads: int) -> jax.Array:
+NameFn = Callable[[jax.Array, str], jax.Array]
+"""How a block names its intermediates: ``checkpoint_name``, or (sharded)
+a sharding constraint followed by ``checkpoint_name``."""
+
+
+def _attention(x: jax.Array, p: dict[str, jax.Array], num_heads: int,
+               name: NameFn = checkpoint_name) -> jax.Array:
   """Causal multi-head self-attention on ``x`` of shape (batch, seq, d)."""
   b, s, d = x.shape
   split = lambda t: t.reshape(b, s, num_heads, d // num_heads)
-  q = checkpoint_name(split(x @ p['wq']), 'query')
-  k = checkpoint_name(split(x @ p['wk']), 'key')
-  v = checkpoint_name(split(x @ p['wv']), 'value')
+  q = name(split(x @ p['wq']), 'query')
+  k = name(split(x @ p['wk']), 'key')
+  v = name(split(x @ p['wv']), 'value')
   logits = jnp.einsum('bqhd,bkhd->bhqk', q, k) / math.sqrt(d // num_heads)
-  logits = checkpoint_name(logits, 'attention_logits')
+  logits = name(logits, 'attention_logits')
   causal = jnp.tril(jnp.ones((s, s), jnp.bool_))
   weights = jax.nn.softmax(jnp.where(causal, logits, -1e9), axis=-1)
   mixed = jnp.einsum('bhqk,bkhd->bqhd', weights, v).reshape(b, s, d)
-  return checkpoint_name(mixed @ p['wo'], 'attention_output')
+  return name(mixed @ p['wo'], 'attention_output')
 
 
-def _transformer_block(x: jax.Array, p: dict[str, jax.Array],
-                       num_heads: int) -> jax.Array:
+def _transformer_block(x: jax.Array, p: dict[str, jax.Array], num_heads: int,
+                       name: NameFn = checkpoint_name) -> jax.Array:
   """One pre-LayerNorm block: ``x + attn(ln(x))``, then ``+ mlp(ln(.))``."""
   x = x + _attention(_layer_norm(x, p['ln1_scale'], p['ln1_bias']), p,
-                     num_heads)
+                     num_heads, name)
   h = _layer_norm(x, p['ln2_scale'], p['ln2_bias'])
-  hidden = checkpoint_name(h @ p['w1'] + p['b1'], 'mlp_hidden')
-  out = checkpoint_name(jax.nn.gelu(hidden) @ p['w2'] + p['b2'], 'mlp_output')
+  hidden = name(h @ p['w1'] + p['b1'], 'mlp_hidden')
+  out = name(jax.nn.gelu(hidden) @ p['w2'] + p['b2'], 'mlp_output')
   return x + out
 
 
@@ -217,7 +227,15 @@ def transformer(*, num_layers: int = 4, d_model: int = 128,
       jax.random.key(seed), num_layers=num_layers, d_model=d_model,
       seq_len=seq_len, batch=batch, d_ff=d_ff, use_scan=use_scan)
 
-  block = functools.partial(_transformer_block, num_heads=num_heads)
+  loss_fn = _transformer_loss(num_heads=num_heads, use_scan=use_scan,
+                              remat=remat, policy=policy)
+  return loss_fn, (params, data)
+
+
+def _transformer_loss(*, num_heads: int, use_scan: bool, remat: bool,
+                      policy: Callable | None,
+                      name: NameFn = checkpoint_name) -> LossFn:
+  block = functools.partial(_transformer_block, num_heads=num_heads, name=name)
   checkpointed = _maybe_checkpoint(block, remat=remat, policy=policy,
                                    prevent_cse=not use_scan)  # See mlp().
 
@@ -232,6 +250,116 @@ def transformer(*, num_layers: int = 4, d_model: int = 128,
     x = _layer_norm(x, params['ln_scale'], params['ln_bias'])
     return _cross_entropy(x @ params['unembed'], data['targets'])
 
+  return loss_fn
+
+
+# -- transformer on a device mesh -----------------------------------------------
+
+MESH_AXES = ('data', 'model')
+
+# Megatron-style tensor parallelism: the attention heads and the MLP's hidden
+# units are split over 'model' (column-parallel wq/wk/wv/w1, row-parallel
+# wo/w2), the batch over 'data'; norms and the residual stream's features
+# are replicated over 'model'.
+_BLOCK_PARAM_SPECS = {
+    'ln1_scale': P(), 'ln1_bias': P(), 'ln2_scale': P(), 'ln2_bias': P(),
+    'wq': P(None, 'model'), 'wk': P(None, 'model'), 'wv': P(None, 'model'),
+    'wo': P('model', None), 'w1': P(None, 'model'), 'b1': P('model'),
+    'w2': P('model', None), 'b2': P(),
+}
+_TOP_PARAM_SPECS = {'embed': P(), 'pos': P(), 'ln_scale': P(), 'ln_bias': P(),
+                    'unembed': P(None, 'model')}
+ACTIVATION_SPECS = {
+    'query': P('data', None, 'model', None), 'key': P('data', None, 'model', None),
+    'value': P('data', None, 'model', None),
+    'attention_logits': P('data', 'model', None, None),
+    'attention_output': P('data', None, None),
+    'mlp_hidden': P('data', None, 'model'), 'mlp_output': P('data', None, None),
+}
+"""The sharding each named intermediate of ``sharded_transformer`` is
+constrained to: (batch, seq, heads, head_dim) for query/key/value, (batch,
+heads, q, k) for the logits, (batch, seq, features) for the rest."""
+
+
+def data_model_mesh(data: int, model: int, devices=None) -> Mesh:
+  """A ``('data', 'model')`` mesh of ``data * model`` devices (the first
+  ones unless `devices` says), with Auto axes.
+
+  Auto axes let the SPMD partitioner choose the sharding of every value the
+  program does not constrain, as in any ``jit`` program; ``jax.make_mesh``
+  defaults to Explicit axes in JAX 0.10.2, under which each matmul whose
+  contracting dimension is sharded must name its output sharding.
+  """
+  devices = jax.devices()[:data * model] if devices is None else list(devices)
+  if data < 1 or model < 1 or len(devices) != data * model:
+    raise ValueError(
+        f'a {data} x {model} mesh needs {data * model} devices; got '
+        f'{len(devices)} ({len(jax.devices())} available). On a CPU, set '
+        'XLA_FLAGS=--xla_force_host_platform_device_count=8 before JAX is '
+        'imported to get 8 host devices.')
+  return jax.make_mesh((data, model), MESH_AXES, devices=devices,
+                       axis_types=(AxisType.Auto,) * 2)
+
+
+def _check_mesh_fits(mesh: Mesh, *, batch: int, num_heads: int, d_ff: int) -> None:
+  if tuple(mesh.axis_names) != MESH_AXES:
+    raise ValueError(
+        f'sharded_transformer needs a mesh with axes {MESH_AXES} (see '
+        f'data_model_mesh), got axes {tuple(mesh.axis_names)}.')
+  data, model = mesh.shape['data'], mesh.shape['model']
+  for what, size, axis, n in (('batch', batch, 'data', data),
+                              ('num_heads', num_heads, 'model', model),
+                              ('d_ff', d_ff, 'model', model),
+                              ('VOCAB_SIZE', VOCAB_SIZE, 'model', model)):
+    if size % n:
+      raise ValueError(f'{what}={size} is not divisible by the {n} devices '
+                       f'of mesh axis {axis!r}.')
+
+
+def _param_shardings(mesh: Mesh, params: dict, use_scan: bool) -> dict:
+  """A NamedSharding for every parameter; stacked block params keep their
+  leading layer axis unsharded."""
+  lead = (None,) if use_scan else ()
+  named = lambda spec, extra=(): NamedSharding(mesh, P(*extra, *spec))
+  block = {k: named(spec, lead) for k, spec in _BLOCK_PARAM_SPECS.items()}
+  blocks = block if use_scan else [dict(block) for _ in params['blocks']]
+  return {**{k: named(spec) for k, spec in _TOP_PARAM_SPECS.items()},
+          'blocks': blocks}
+
+
+def sharded_transformer(mesh: Mesh, *, num_layers: int = 2, d_model: int = 64,
+                        num_heads: int = 4, seq_len: int = 32, batch: int = 8,
+                        d_ff: int | None = None, use_scan: bool = False,
+                        policy: Callable | None = None, remat: bool = True,
+                        seed: int = 0) -> Example:
+  """``transformer`` on a 2D ``('data', 'model')`` mesh: data parallel over
+  the batch, tensor (model) parallel inside each block.
+
+  The params and the batch are placed on `mesh` with ``NamedSharding``
+  (heads and MLP hidden units split over ``'model'``, Megatron style; the
+  batch over ``'data'``), and every value named in ``TRANSFORMER_NAMES`` is
+  constrained to its ``ACTIVATION_SPECS`` sharding before it is named.
+  ``jax.jit(loss_fn)`` is then one SPMD program that XLA partitions over the
+  mesh; the numbers are those of ``transformer`` with the same sizes and
+  seed. Build the mesh with ``data_model_mesh(data, model)``.
+  """
+  d_ff = 4 * d_model if d_ff is None else d_ff
+  _check_mesh_fits(mesh, batch=batch, num_heads=num_heads, d_ff=d_ff)
+  if d_model % num_heads:
+    raise ValueError(f'd_model={d_model} is not divisible by '
+                     f'num_heads={num_heads}.')
+  params, data = _transformer_args(
+      jax.random.key(seed), num_layers=num_layers, d_model=d_model,
+      seq_len=seq_len, batch=batch, d_ff=d_ff, use_scan=use_scan)
+  params = jax.device_put(params, _param_shardings(mesh, params, use_scan))
+  data = jax.device_put(data, NamedSharding(mesh, P('data', None)))
+
+  def name(value: jax.Array, label: str) -> jax.Array:
+    spec = NamedSharding(mesh, ACTIVATION_SPECS[label])
+    return checkpoint_name(jax.lax.with_sharding_constraint(value, spec), label)
+
+  loss_fn = _transformer_loss(num_heads=num_heads, use_scan=use_scan,
+                              remat=remat, policy=policy, name=name)
   return loss_fn, (params, data)
 
 

@@ -132,6 +132,18 @@ def test_memory_timeline_overlays_policies(comparison):
   assert 'residual' in ax.get_title()
 
 
+def test_per_device_memory_chart_of_a_one_device_comparison(comparison):
+  ax = viz.plot_per_device_memory(comparison).axes[0]
+  rows = [r for r in comparison.rows if not r.failed]
+  assert [t.get_text() for t in ax.get_yticklabels()] == [
+      charts.short_label(r.label, 48) for r in rows]
+  assert '1 device' in ax.get_title() and 'per device' in ax.get_xlabel()
+  scale = byte_unit(max(charts.total_per_device(r.costs) for r in rows))
+  for i, row in enumerate(rows):  # each bar ends at XLA's total for its program
+    ends = [p.get_x() + p.get_width() for p in ax.patches[i::len(rows)]]
+    assert max(ends) == pytest.approx(charts.total_per_device(row.costs) / scale)
+
+
 # -- tables -----------------------------------------------------------------------
 
 def test_residual_table_lists_each_residual_sorted(problem):
@@ -141,6 +153,7 @@ def test_residual_table_lists_each_residual_sorted(problem):
   assert len(rows) == len(report.residuals)
   sizes = [report.residuals[int(i)].bytes for i in rows]
   assert sizes == sorted(sizes, reverse=True)
+  assert '<th>sharding</th>' not in html  # one device: no per-device columns
   by_index = re.findall(r'<tr><td>(\d+)</td>', viz.residual_table_html(report, sort_by='index'))
   assert [int(i) for i in by_index] == sorted(int(i) for i in by_index)
   with pytest.raises(ValueError, match='sort_by'):

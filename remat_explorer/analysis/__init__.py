@@ -9,12 +9,18 @@
 * ``search_policy(f, *args, memory_budget=...) -> SearchResult``: a policy
   that fits a memory budget with the fewest FLOPs.
 
+All four take sharded programs (arguments on a mesh, ``in_shardings``,
+``shard_map``) and then report per device: each residual's sharding and
+shard, XLA's memory and FLOPs of the partitioned executable, and the
+collectives the recompute re-runs.
+
 Modules: ``problem`` (checking input), ``program`` (finding blocks),
 ``analyze``/``report``, ``flops``, ``compiled``/``timeline``, ``compare``,
-``search``, ``peak``, ``policy_info``.
+``search``, ``peak``, ``policy_info``, ``sharding``/``collectives``.
 """
 
 from remat_explorer.analysis.analyze import analyze
+from remat_explorer.analysis.collectives import Collective
 from remat_explorer.analysis.compare import (Comparison, PolicyRow,
                                              builtin_policies, compare)
 from remat_explorer.analysis.compiled import CompiledCosts, compile_costs
@@ -31,5 +37,5 @@ __all__ = [
     'EquationCost', 'compile_costs', 'CompiledCosts', 'MemoryTimeline', 'Buffer',
     'compare', 'Comparison', 'PolicyRow', 'builtin_policies', 'NO_REMAT',
     'describe_policy', 'search_policy', 'SearchResult', 'SaveChosen',
-    'residuals_at_peak', 'PeakResidual',
+    'residuals_at_peak', 'PeakResidual', 'Collective',
 ]

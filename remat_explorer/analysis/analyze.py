@@ -11,14 +11,21 @@ The steps, in order:
    the very one differentiation used, not a second computation of it.
 3. Describe: residuals and their origins (as ``saved_residuals`` words them),
    per block what is saved and recomputed, FLOPs of everything.
+4. For a sharded program (arguments on a mesh, ``in_shardings``,
+   ``shard_map``, ...): each residual's sharding and per-device shape, read
+   from the forward pass as XLA's SPMD partitioner compiles it
+   (``sharding.py``).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import numpy as np
 
 from remat_explorer.analysis import flops as flop_count
+from remat_explorer.analysis import sharding
 from remat_explorer.analysis.problem import Problem
 from remat_explorer.analysis.program import (BlockSite, PolicyChoice, describe_policy,
                                              policy_label)
@@ -46,6 +53,13 @@ def analyze(f, *args, policy: PolicyChoice = None, lowering: str | None = None,
       the program's own policies.
     lowering: replaces every block's lowering strategy, if given.
     argnums: which positional arguments are differentiated.
+
+  Sharded programs (arguments placed with ``NamedSharding``, a function
+  jitted with ``in_shardings``/``out_shardings``, ``with_sharding_constraint``
+  under ``jax.set_mesh``, ``shard_map``) are analyzed as the SPMD partitioner
+  runs them: each residual gets its ``sharding`` and per-device shape and
+  bytes, and the report its device count and mesh. That costs one compile of
+  the forward pass.
 
   Reports are cached by function, argument shapes and dtypes, policy,
   lowering and device: asking again is instant.
@@ -81,11 +95,16 @@ def _analyze(problem, policy, lowering) -> RematReport:
   residual_jaxpr = fwd.replace(outvars=fwd.outvars[num_outs:])
   arg_names = problem.diff_names + problem.other_names
   block_of_equation = _equation_to_block(records, blocks, fwd)
-  residuals = tuple(
-      _residual(i, origin, block_of_equation, jaxpr=residual_jaxpr)
-      for i, origin in enumerate(residual_origins(residual_jaxpr, arg_names)))
+  origins = residual_origins(residual_jaxpr, arg_names)
+  residuals = tuple(_residual(i, origin, block_of_equation, jaxpr=residual_jaxpr)
+                    for i, origin in enumerate(origins))
 
   block_reports = _block_reports(blocks, records)
+  placement = sharding.find_placement(problem.leaves, program)
+  if placement is not None:
+    residuals, block_reports, placement = _per_device(
+        forward_jaxpr, num_outs, problem, residual_jaxpr, origins, residuals,
+        block_reports, placement)
   recompute = sum(b.recompute_flops * (b.trip_count or 1)
                   for b in block_reports if b.differentiated)
   names = _names_in(program.jaxpr)
@@ -107,7 +126,28 @@ def _analyze(problem, policy, lowering) -> RematReport:
       names_in_program=tuple(sorted(names)),
       forward_jaxpr=forward_jaxpr,
       backward_jaxpr=backward_jaxpr,
+      num_devices=1 if placement is None else placement.num_devices,
+      mesh_shape=None if placement is None else placement.mesh_shape,
   )
+
+
+def _per_device(forward_jaxpr, num_outs, problem, residual_jaxpr, origins,
+                residuals, block_reports, placement):
+  """Residuals with their shardings, as the SPMD partitioner chose them for
+  the forward pass compiled on the arguments as placed (``sharding.py``)."""
+  outputs = sharding.compiled_output_shardings(
+      forward_jaxpr, [*problem.diff_leaves, *problem.other_leaves])
+  placement = sharding.Placement(
+      max([placement.num_devices, *(len(s.device_set) for s in outputs)]),
+      placement.mesh_shape)
+  by_position = outputs[num_outs:]
+  shardings = [None if k is None else by_position[k]
+               for k in sharding.residual_positions(residual_jaxpr, origins)]
+  residuals = tuple(map(sharding.with_sharding, residuals, shardings))
+  block_reports = tuple(dataclasses.replace(
+      b, residuals=sharding.block_residuals_with_shardings(
+          b.residuals, b.path, residuals, shardings)) for b in block_reports)
+  return residuals, block_reports, placement
 
 
 # -- steps ---------------------------------------------------------------------

@@ -4,6 +4,10 @@ One row per policy (plus the no-remat baseline): what the analysis says it
 saves and recomputes, and what XLA compiled. FLOPs come in two counts: the
 jaxpr's (scan trip counts applied; the one the charts use) and XLA's
 ``cost_analysis`` (a while-loop body counted once).
+
+For a sharded program, compiled bytes, XLA's FLOPs and the collectives are
+per device (one device's partitioned executable); residual bytes come both
+global and per device, and the jaxpr's FLOPs are the whole program's.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ class PolicyRow:
   xla_flops: float | None
   temp_bytes: int | None
   peak_bytes: int | None
+  """Compiled, per device."""
   compile_seconds: float | None
   run_seconds: float | None
   failed: bool
@@ -60,6 +65,12 @@ class PolicyRow:
   """Set when XLA merged recomputed matmuls away: the policy's memory saving
   then does not happen, whatever the jaxpr says."""
   on_pareto_front: bool = False
+  residual_bytes_per_device: int | None = None
+  """What one device keeps (``residual_bytes`` unless sharded)."""
+  collectives: int | None = None
+  """Collective executions per step in the compiled program."""
+  recompute_collectives: int | None = None
+  """Of those, the ones the recompute re-runs in the backward pass."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +81,9 @@ class Comparison:
   rows: tuple[PolicyRow, ...]
   warnings: tuple[str, ...]
   flops_used_by_charts: str = FLOPS_USED_BY_CHARTS
+  num_devices: int = 1
+  """Devices each compiled program is partitioned over."""
+  mesh_shape: tuple[tuple[str, int], ...] | None = None
 
   @property
   def baseline(self) -> PolicyRow | None:
@@ -124,7 +138,8 @@ def compare(f, *args, policies: Mapping[str, Any] | Sequence | None = None,
   device = rows[0].costs
   return Comparison(function=first.function, device_kind=device.device_kind,
                     platform=device.platform, rows=tuple(rows),
-                    warnings=tuple(_memory_did_not_drop(rows)))
+                    warnings=tuple(_memory_did_not_drop(rows)),
+                    num_devices=device.num_devices, mesh_shape=device.mesh_shape)
 
 
 def _resolve_policies(policies, names_in_program) -> dict[str, Any]:
@@ -156,7 +171,10 @@ def _row(label, policy, report, costs) -> PolicyRow:
       xla_flops=costs.xla_flops, temp_bytes=costs.temp_bytes,
       peak_bytes=costs.peak_bytes, compile_seconds=costs.compile_seconds,
       run_seconds=costs.run_seconds, failed=costs.failed,
-      recompute_eliminated=recompute_eliminated(report, costs))
+      recompute_eliminated=recompute_eliminated(report, costs),
+      residual_bytes_per_device=report.residual_bytes_per_device,
+      collectives=None if costs.failed else costs.collective_count,
+      recompute_collectives=None if costs.failed else costs.recompute_collective_count)
 
 
 _MATMULS = ('dot_general', 'conv_general_dilated')
@@ -207,7 +225,7 @@ def _memory_did_not_drop(rows: list[PolicyRow]) -> list[str]:
       continue
     # Arguments are alive anyway; the residuals worth pointing at are the rest.
     biggest = sorted((x for x in r.report.residuals if x.kind != 'argument'),
-                     key=lambda x: -x.bytes)[:3] if r.report else []
+                     key=lambda x: -x.device_bytes)[:3] if r.report else []
     dominant = '; '.join(f'{x.type_string} {x.description}' for x in biggest)
     warnings.append(
         f'{r.label}: compiled peak {r.peak_bytes:,} bytes is not below no '

@@ -1,9 +1,14 @@
 """``compile_costs``: what XLA makes of a gradient under a policy, measured.
 
 The gradient (``grad`` for a scalar output, a VJP with a ones cotangent
-otherwise) is lowered and compiled with JAX's AOT API on the default device;
+otherwise) is lowered and compiled with JAX's AOT API on the default device,
+or, for a sharded program, on the devices its arguments and shardings name;
 every number here comes from the compiled executable (``memory_analysis``,
 ``cost_analysis``, its HLO text) or from running it. Nothing is estimated.
+
+A sharded program is compiled as the SPMD partitioner splits it: the
+executable is the program one device runs, so its memory and FLOP figures
+are per device, and its HLO holds the collectives (``collectives.py``).
 """
 
 from __future__ import annotations
@@ -17,15 +22,24 @@ from typing import Any
 import jax
 import numpy as np
 
+from remat_explorer.analysis.collectives import Collective, collectives_in_hlo
+from remat_explorer.analysis.collectives import count as count_collectives
 from remat_explorer.analysis.problem import Problem
 from remat_explorer.analysis.program import PolicyChoice, policy_label
+from remat_explorer.analysis.sharding import compiled_placement, find_placement
 from remat_explorer.engine import _jax_internals as jx
-from remat_explorer.analysis.timeline import MemoryTimeline, memory_timeline
+from remat_explorer.analysis.timeline import MemoryTimeline, memory_timeline_from_hlo_text
 
 
 @dataclass(frozen=True)
 class CompiledCosts:
-  """XLA's own figures for one compiled gradient. Sizes in bytes."""
+  """XLA's own figures for one compiled gradient. Sizes in bytes.
+
+  For a program partitioned over several devices, every memory figure and
+  ``xla_flops`` are per device: XLA's ``memory_analysis`` and
+  ``cost_analysis`` describe the partitioned executable, which is what each
+  device runs. ``num_devices`` and ``mesh_shape`` say over what.
+  """
   function: str
   policy: str
   lowering: str
@@ -47,7 +61,8 @@ class CompiledCosts:
   host_alias_bytes: int | None = None
   host_temp_bytes: int | None = None
   xla_flops: float | None = None
-  """``cost_analysis()['flops']``: XLA counts a while-loop body once."""
+  """``cost_analysis()['flops']`` of the partitioned module: one device's
+  FLOPs. XLA counts a while-loop body once."""
   bytes_accessed: float | None = None
   transcendentals: float | None = None
   lower_seconds: float | None = None
@@ -63,6 +78,24 @@ class CompiledCosts:
   """The same in the optimized HLO: fewer means XLA merged some away."""
   timeline: MemoryTimeline | None = field(default=None, repr=False)
   notes: tuple[str, ...] = ()
+  num_devices: int = 1
+  """Devices the executable is partitioned over."""
+  mesh_shape: tuple[tuple[str, int], ...] | None = None
+  """The mesh's axes and sizes, e.g. ``(('data', 2), ('model', 4))``."""
+  collectives: tuple[Collective, ...] = ()
+  """Collectives in the compiled step by kind and pass (``forward``,
+  ``backward``, ``recompute``: re-run by remat), loop trip counts applied;
+  see ``collectives.py`` for how they are attributed."""
+
+  @property
+  def collective_count(self) -> int:
+    """Collective executions per step, all passes."""
+    return count_collectives(self.collectives)
+
+  @property
+  def recompute_collective_count(self) -> int:
+    """Collective executions the recompute adds to the backward pass."""
+    return count_collectives(self.collectives, phase='recompute')
 
   @property
   def total_bytes(self) -> int | None:
@@ -110,7 +143,9 @@ def compile_costs(f, *args, policy: PolicyChoice = None, lowering: str | None = 
   With `repeats` > 0 the gradient is also run: the median time of `repeats`
   runs after a warm-up, and the device's measured peak where it reports one.
   A compile that XLA refuses (out of memory, ...) gives a ``CompiledCosts``
-  with ``failed=True`` and XLA's message. Results are cached by function,
+  with ``failed=True`` and XLA's message. A sharded program (see
+  ``analyze``) is compiled partitioned: the figures are per device, with
+  the collectives of its HLO. Results are cached by function,
   argument shapes and dtypes, policy, lowering and device.
   """
   problem = Problem.make(f, args, kwargs, argnums)
@@ -127,7 +162,8 @@ def compile_costs(f, *args, policy: PolicyChoice = None, lowering: str | None = 
       function=problem.name, policy=policy_label(policy, blocks),
       lowering=lowering or ', '.join(sorted({b.lowering for b in blocks})),
       donate_argnums=_leaf_positions(problem, donate), repeats=repeats,
-      compiler_options=compiler_options)
+      compiler_options=compiler_options,
+      placement=find_placement(problem.leaves, program))
   if key is not None:
     _cache[key] = costs
   return costs
@@ -170,7 +206,7 @@ def _differentiable(x) -> bool:
 
 
 def measure(step, leaves, *, function, policy, lowering, donate_argnums=(),
-            repeats=0, compiler_options=None) -> CompiledCosts:
+            repeats=0, compiler_options=None, placement=None) -> CompiledCosts:
   device = jax.devices()[0]
   common = dict(function=function, policy=policy, lowering=lowering,
                 platform=device.platform, device_kind=device.device_kind)
@@ -189,12 +225,15 @@ def measure(step, leaves, *, function, policy, lowering, donate_argnums=(),
   memory = compiled.memory_analysis()
   cost = compiled.cost_analysis() or {}
   cost = cost[0] if isinstance(cost, list) else cost
+  hlo = compiled.as_text()
   notes = []
   try:
-    timeline = memory_timeline(compiled)
+    timeline = memory_timeline_from_hlo_text(hlo)
   except Exception as e:  # the timeline is a reading of XLA's text format
     timeline = None
     notes.append(f'memory timeline unavailable: {type(e).__name__}: {e}')
+  collectives = _collectives(hlo, notes)
+  devices = compiled_placement(compiled, placement)
   run_seconds, measured_peak = _run(compiled, leaves, repeats, donate_argnums, notes)
   return CompiledCosts(
       **common,
@@ -213,8 +252,21 @@ def measure(step, leaves, *, function, policy, lowering, donate_argnums=(),
       lower_seconds=lower_seconds, compile_seconds=compile_seconds,
       run_seconds=run_seconds, measured_peak_bytes=measured_peak,
       lowered_matmuls=count_matmuls_lowered(lowered.as_text()),
-      compiled_matmuls=count_matmuls_compiled(compiled.as_text()),
-      timeline=timeline, notes=tuple(notes))
+      compiled_matmuls=count_matmuls_compiled(hlo),
+      timeline=timeline, notes=tuple(notes), num_devices=devices.num_devices,
+      mesh_shape=devices.mesh_shape, collectives=collectives)
+
+
+def _collectives(hlo: str, notes: list[str]) -> tuple[Collective, ...]:
+  try:
+    summary = collectives_in_hlo(hlo)
+  except Exception as e:  # a reading of XLA's text format, like the timeline
+    notes.append(f'collectives unavailable: {type(e).__name__}: {e}')
+    return ()
+  if summary.unknown_trip_count:
+    notes.append('some collectives sit in a loop of unknown trip count and '
+                 'are counted once per loop')
+  return summary.collectives
 
 
 def _is_xla_error(e: Exception) -> bool:

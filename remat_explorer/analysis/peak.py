@@ -53,7 +53,8 @@ def residuals_at_peak(report: RematReport, costs: CompiledCosts) -> list[PeakRes
 
 
 def _match(buffer, residuals):
-  same_size = [r for r in residuals if r.bytes == buffer.bytes]
+  # Buffers of a partitioned program hold one device's shard.
+  same_size = [r for r in residuals if r.device_bytes == buffer.bytes]
   if buffer.source:
     for r in same_size:
       if r.source and r.source.startswith(buffer.source + ':'):

@@ -1,7 +1,8 @@
 """The problem ``analyze`` and ``compile_costs`` solve: a function, its
 example arguments, which of them are differentiated, and the program with its
-remat blocks found and their policies set. Bad input is refused here, with
-the reason, before anything is traced."""
+remat blocks found and their policies set. Bad input (including arguments
+placed on different devices) is refused here, with the reason, before
+anything is traced."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import jax
 import numpy as np
 
 from remat_explorer.analysis.program import NO_REMAT, find_blocks
+from remat_explorer.analysis.sharding import check_one_device_set
 from remat_explorer.engine import _jax_internals as jx
 from remat_explorer.engine.api import checkpoint
 
@@ -18,8 +20,10 @@ from remat_explorer.engine.api import checkpoint
 class Problem:
   """A function with its example arguments, flattened and checked."""
 
-  def __init__(self, f, name, leaves, in_tree, diff_mask, arg_names, argnums):
+  def __init__(self, f, name, leaves, in_tree, diff_mask, arg_names, argnums,
+               paths=()):
     self.f, self.name, self.leaves, self.in_tree = f, name, leaves, in_tree
+    self.paths = tuple(paths)
     self.diff_mask, self.argnums = diff_mask, argnums
     self.diff_leaves = [x for x, d in zip(leaves, diff_mask) if d]
     self.other_leaves = [x for x, d in zip(leaves, diff_mask) if not d]
@@ -40,6 +44,7 @@ class Problem:
             f'argument leaf {path} is a {type(leaf).__name__} ({leaf!r}); '
             'analyze needs arrays or numbers at every leaf. Close over '
             'non-array values (e.g. with functools.partial) instead.')
+    check_one_device_set(paths, leaves)
     per_arg = [len(jax.tree_util.tree_leaves(a)) for a in args]
     starts = np.cumsum([0, *per_arg])
     diff_mask = [False] * len(leaves)
@@ -57,7 +62,7 @@ class Problem:
     dbg = jx.api_util.debug_info('analyze', f, args, kwargs)
     arg_names = tuple(dbg.arg_names or ('',) * len(leaves))
     name = getattr(f, '__name__', type(f).__name__)
-    return cls(f, name, leaves, in_tree, diff_mask, arg_names, argnums)
+    return cls(f, name, leaves, in_tree, diff_mask, arg_names, argnums, paths)
 
   def flat_function(self):
     def flat(*leaves):
@@ -80,9 +85,11 @@ class Problem:
   def cache_key(self, *settings):
     """A key for results on this problem under `settings` (policy, ...):
     the function, argument shapes/dtypes/shardings, what is differentiated,
-    and the device; None if some setting is unhashable."""
+    the device and the mesh set with ``jax.set_mesh``; None if some setting
+    is unhashable."""
     key = (self.f, self.in_tree, tuple(map(_leaf_key, self.leaves)), self.argnums,
-           str(jax.devices()[0]), *map(_hashable_policy, settings))
+           str(jax.devices()[0]), str(jax.sharding.get_abstract_mesh()),
+           *map(_hashable_policy, settings))
     try:
       hash(key)
     except TypeError:

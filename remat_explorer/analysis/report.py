@@ -34,10 +34,23 @@ class Residual:
   """FLOPs of the equation that produced it: what recomputing it instead
   would cost at least. None for arguments and for loop outputs (a loop's
   saved values are per iteration; see its blocks)."""
+  sharding: str | None = None
+  """In a sharded program, how the SPMD partitioner shards it, e.g.
+  ``P('data', None, 'model')`` or ``replicated``; None otherwise."""
+  per_device_shape: tuple[int, ...] | None = None
+  """The shard each device keeps (``sharding.shard_shape(shape)``)."""
+  per_device_bytes: int | None = None
+  """Bytes of that shard: what saving it costs each device."""
 
   @property
   def type_string(self) -> str:
     return f"{self.dtype}[{','.join(map(str, self.shape))}]"
+
+  @property
+  def device_bytes(self) -> int:
+    """Bytes it holds on one device: its shard's, or all of it unsharded."""
+    return self.bytes if self.per_device_bytes is None else self.per_device_bytes
+
 
 
 @dataclass(frozen=True)
@@ -76,6 +89,11 @@ class BlockReport:
   """Per run of the block."""
   known_jaxpr: Any = dataclasses.field(default=None, repr=False, compare=False)
   staged_jaxpr: Any = dataclasses.field(default=None, repr=False, compare=False)
+
+  @property
+  def residual_bytes_per_device(self) -> int:
+    """Per run, on one device (``residual_bytes`` when unsharded)."""
+    return sum(r.device_bytes for r in self.residuals)
 
   @property
   def total_residual_bytes(self) -> int | None:
@@ -120,20 +138,39 @@ class RematReport:
   """Every ``checkpoint_name`` found in the program."""
   forward_jaxpr: Any = dataclasses.field(repr=False, compare=False, default=None)
   backward_jaxpr: Any = dataclasses.field(repr=False, compare=False, default=None)
+  num_devices: int = 1
+  """Devices the program is partitioned over (1 unless it is sharded)."""
+  mesh_shape: tuple[tuple[str, int], ...] | None = None
+  """The device mesh's axes and sizes, e.g. ``(('data', 2), ('model', 4))``."""
 
   @property
   def residual_bytes(self) -> int:
+    """Global bytes: every shard of every residual."""
     return sum(r.bytes for r in self.residuals)
+
+  @property
+  def residual_bytes_per_device(self) -> int:
+    """Residual bytes one device holds (the global bytes when unsharded)."""
+    return sum(r.device_bytes for r in self.residuals)
 
   @property
   def total_flops(self) -> int:
     return self.forward_flops + self.backward_flops
 
+  @property
+  def jaxpr_flops_per_device(self) -> float:
+    """``total_flops / num_devices``: each device's share if the work splits
+    evenly. Work the partitioner replicates makes the real share larger;
+    ``CompiledCosts.xla_flops`` is XLA's count of one device's program."""
+    return self.total_flops / self.num_devices
+
   def to_dict(self) -> dict:
     """JSON-serializable: numbers, strings, lists; jaxprs as text."""
     out = _plain(self)
     out['residual_bytes'] = self.residual_bytes
+    out['residual_bytes_per_device'] = self.residual_bytes_per_device
     out['total_flops'] = self.total_flops
+    out['jaxpr_flops_per_device'] = self.jaxpr_flops_per_device
     for block, block_dict in zip(self.blocks, out['blocks']):
       block_dict['total_residual_bytes'] = block.total_residual_bytes
       block_dict['total_recompute_flops'] = block.total_recompute_flops

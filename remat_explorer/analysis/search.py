@@ -60,7 +60,8 @@ class SearchResult:
   label: str
   budget_bytes: int
   peak_bytes: int
-  """Compiled peak of the chosen policy (verified, not predicted)."""
+  """Compiled peak of the chosen policy (verified, not predicted); per
+  device for a sharded program."""
   flops: int
   """Forward + backward FLOPs from the jaxpr of the chosen policy."""
   fits: bool
@@ -86,6 +87,8 @@ def search_policy(f, *args, memory_budget: int | float, argnums=0,
 
   `memory_budget`: bytes (an int), or a fraction between 0 and 1 of the way
   from ``nothing_saveable``'s compiled peak to ``everything_saveable``'s.
+  For a sharded program the peak, the budget and the residual bytes that
+  price each choice are per device.
   """
   run = _Runner(f, args, kwargs, argnums, lowering, progress)
   nothing = run.evaluate('nothing_saveable', builtin_policies()['nothing_saveable'])
@@ -165,7 +168,7 @@ def _greedy_choice(run: _Runner, names, budget, builtins):
   for unit in units:
     report = run.report(_policy_of([unit]))
     saved_flops = base_report.total_flops - report.total_flops
-    added_bytes = report.residual_bytes - base_report.residual_bytes
+    added_bytes = report.residual_bytes_per_device - base_report.residual_bytes_per_device
     if saved_flops > 0:
       priced.append((saved_flops / max(added_bytes, 1), unit))
   priced.sort(key=lambda p: -p[0])
@@ -178,7 +181,7 @@ def _greedy_choice(run: _Runner, names, budget, builtins):
   chosen = []
   for _, unit in priced:
     trial = _policy_of([*chosen, unit])
-    if predict(run.report(trial).residual_bytes) <= budget:
+    if predict(run.report(trial).residual_bytes_per_device) <= budget:
       chosen.append(unit)
   tried = {}
   while chosen:
@@ -195,7 +198,7 @@ def _greedy_choice(run: _Runner, names, budget, builtins):
 def _peak_model(builtins) -> Callable[[int], float]:
   """Compiled peak as a function of residual bytes: a least-squares line
   through the built-in policies' points, slope between 0 and 1."""
-  points = [(r.residual_bytes, c.peak_bytes) for c, r in builtins.values()
+  points = [(r.residual_bytes_per_device, c.peak_bytes) for c, r in builtins.values()
             if not c.failed]
   xs, ys = np.array([p[0] for p in points], float), np.array([p[1] for p in points], float)
   slope = 1.0

@@ -3,7 +3,8 @@
 * ``split_graph(report) -> graphviz.Digraph`` and ``to_svg``: the known/staged
   split of each remat block, residual edges highlighted.
 * ``plot_memory_breakdown``, ``plot_pareto``, ``plot_residuals_by_origin``,
-  ``plot_memory_timeline``: matplotlib figures of compiled costs.
+  ``plot_memory_timeline``, ``plot_per_device_memory``: matplotlib figures
+  of compiled costs.
 * ``residual_table_html``, ``comparison_table_html``, ``report_jaxprs_html``:
   HTML tables and jaxpr listings.
 * ``report_html``: a self-contained HTML report.
@@ -12,7 +13,8 @@
 """
 
 from remat_explorer.viz.charts import (plot_memory_breakdown, plot_memory_timeline,
-                                       plot_pareto, plot_residuals_by_origin)
+                                       plot_pareto, plot_per_device_memory,
+                                       plot_residuals_by_origin)
 from remat_explorer.viz.explorer import Explorer, StaticView, explore
 from remat_explorer.viz.html_report import report_html
 from remat_explorer.viz.split_graph import split_graph, to_svg
@@ -22,7 +24,8 @@ from remat_explorer.viz.text import format_bytes, format_flops
 
 __all__ = [
     'split_graph', 'to_svg', 'plot_memory_breakdown', 'plot_pareto',
-    'plot_residuals_by_origin', 'plot_memory_timeline', 'residual_table_html',
+    'plot_residuals_by_origin', 'plot_memory_timeline', 'plot_per_device_memory',
+    'residual_table_html',
     'comparison_table_html', 'jaxpr_html', 'report_jaxprs_html', 'report_html',
     'explore', 'Explorer', 'StaticView', 'format_bytes', 'format_flops',
 ]

@@ -19,6 +19,7 @@ from matplotlib.ticker import FuncFormatter
 from remat_explorer.analysis.compare import Comparison, PolicyRow
 from remat_explorer.analysis.compiled import CompiledCosts
 from remat_explorer.analysis.report import RematReport
+from remat_explorer.analysis.sharding import mesh_text
 from remat_explorer.viz.text import byte_unit, flop_unit, format_bytes, format_flops
 
 BREAKDOWN_PARTS = ('arguments', 'outputs', 'residuals at peak', 'other temporaries')
@@ -35,7 +36,12 @@ def memory_breakdown(row: PolicyRow) -> dict[str, int]:
   residual share of the temporaries is the residual buffers live at the
   compiled schedule's peak (0 when no timeline could be derived).
   """
-  costs = row.costs
+  return costs_breakdown(row.costs)
+
+
+def costs_breakdown(costs: CompiledCosts) -> dict[str, int]:
+  """`memory_breakdown` of one compiled program: per device when it is
+  partitioned, as XLA's figures are."""
   residuals = 0
   timeline = costs.timeline
   if timeline is not None:
@@ -67,6 +73,71 @@ def plot_memory_breakdown(comparison: Comparison) -> Figure:
   ax.legend(loc='lower right', fontsize='small')
   ax.set_title(f'{comparison.function}: memory by policy on {comparison.device_kind}')
   failed = [r.label for r in comparison.rows if r.failed]
+  if failed:
+    fig.text(0.01, 0.0, 'failed to compile: ' + ', '.join(failed), fontsize='small',
+             color='#b00020')
+  return fig
+
+
+# -- memory per device ---------------------------------------------------------------
+
+def total_per_device(costs: CompiledCosts) -> int:
+  """Arguments + outputs + temporaries of one device's executable."""
+  return sum(costs_breakdown(costs).values())
+
+
+def placement_text(costs: CompiledCosts) -> str:
+  """``'8 devices (data=2 × model=4)'``: what a program is partitioned over."""
+  mesh = mesh_text(costs.mesh_shape)
+  where = f'{costs.num_devices} device' + ('s' if costs.num_devices != 1 else '')
+  return where + (f' ({mesh})' if mesh else '')
+
+
+def per_device_label(label: str, costs: CompiledCosts) -> str:
+  """`label` with the devices and mesh its program is partitioned over."""
+  return f'{label} · {placement_text(costs)}'
+
+
+def plot_per_device_memory(costs: Comparison | Mapping[str, CompiledCosts]) -> Figure:
+  """Compiled memory of one device, one stacked bar per program: arguments,
+  outputs, residual buffers live at the peak and the other temporaries.
+
+  `costs`: a ``Comparison`` (a bar per policy), or a mapping from a label to
+  ``compile_costs`` results, e.g. the same step on growing meshes. XLA's
+  memory analysis of a partitioned executable is what each device holds, so
+  the bars show how sharding splits the arguments, the residuals and the
+  temporaries.
+  """
+  if isinstance(costs, Comparison):
+    costs = {r.label: r.costs for r in costs.rows}
+  shown = {k: c for k, c in costs.items() if not c.failed}
+  parts = [costs_breakdown(c) for c in shown.values()]
+  fig = Figure(figsize=(8, 0.45 * len(shown) + 1.6), layout='constrained')
+  ax = fig.add_subplot()
+  scale = byte_unit(max((sum(p.values()) for p in parts), default=1))
+  left = np.zeros(len(shown))
+  for part, color in zip(BREAKDOWN_PARTS, BREAKDOWN_COLORS):
+    widths = np.array([p[part] for p in parts], dtype=float) / scale
+    ax.barh(range(len(shown)), widths, left=left, color=color, label=part)
+    left += widths
+  for i, total in enumerate(left):
+    ax.annotate(format_bytes(total * scale), (total, i), xytext=(3, 0),
+                textcoords='offset points', va='center', fontsize=8)
+  ax.set_xlim(0, max(left, default=1) * 1.15 or 1)  # room for the totals
+  # Devices and mesh go on each bar where they differ, else in the title.
+  placements = {(c.num_devices, c.mesh_shape) for c in shown.values()}
+  labels = [per_device_label(k, c) if len(placements) > 1 else k for k, c in shown.items()]
+  ax.set_yticks(range(len(shown)), [short_label(t, 48) for t in labels])
+  ax.invert_yaxis()
+  ax.set_xlabel(f'compiled memory per device ({_unit_name(format_bytes(scale))})')
+  ax.legend(loc='upper center', bbox_to_anchor=(0.5, -0.22), ncols=len(BREAKDOWN_PARTS),
+            fontsize='small', frameon=False)
+  functions = sorted({c.function for c in shown.values()})
+  kinds = sorted({c.device_kind for c in shown.values()})
+  where = (' · ' + placement_text(next(iter(shown.values())))
+           if len(placements) == 1 else '')
+  ax.set_title(f'{", ".join(functions)}: memory per device on {", ".join(kinds)}{where}')
+  failed = [k for k, c in costs.items() if c.failed]
   if failed:
     fig.text(0.01, 0.0, 'failed to compile: ' + ', '.join(failed), fontsize='small',
              color='#b00020')

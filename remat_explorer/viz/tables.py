@@ -11,6 +11,7 @@ from typing import Iterable
 
 from remat_explorer.analysis.compare import Comparison
 from remat_explorer.analysis.report import RematReport, Residual
+from remat_explorer.analysis.sharding import mesh_text
 from remat_explorer.viz.text import (MISSING, format_bytes, format_flops, format_seconds,
                                      html_text)
 
@@ -28,7 +29,8 @@ MAX_JAXPR_LINES = 4000
 def residual_table_html(report: RematReport, *, sort_by: str = 'bytes',
                         descending: bool | None = None) -> str:
   """The residuals of `report` as an HTML table, one row each: shape, dtype,
-  bytes, origin, ``checkpoint_name``, block and source line.
+  bytes, origin, ``checkpoint_name``, block and source line; for a sharded
+  program also each residual's sharding and the shard one device keeps.
 
   `sort_by` is one of ``RESIDUAL_SORT_KEYS``; bytes sort largest first
   unless `descending` says otherwise.
@@ -38,45 +40,78 @@ def residual_table_html(report: RematReport, *, sort_by: str = 'bytes',
   if descending is None:
     descending = sort_by == 'bytes'
   rows = sorted(report.residuals, key=RESIDUAL_SORT_KEYS[sort_by], reverse=descending)
-  head = ''.join(f'<th>{h}</th>' for h in (
-      '#', 'shape', 'dtype', 'bytes', 'origin', 'name', 'block', 'source line'))
-  body = ''.join(_residual_row(r) for r in rows)
+  sharded = any(r.sharding is not None for r in report.residuals)
+  headings = ['#', 'shape', 'dtype', 'bytes', 'origin', 'name', 'block', 'source line']
+  if sharded:
+    headings[4:4] = ['sharding', 'per device']
+  head = ''.join(f'<th>{h}</th>' for h in headings)
+  body = ''.join(_residual_row(r, sharded) for r in rows)
   total = sum(r.bytes for r in report.residuals)
   caption = (f'{len(rows)} residuals, {format_bytes(total)} under policy '
              f'{html_text(report.policy)}, sorted by {sort_by}')
+  if sharded:
+    caption += (f'; {format_bytes(report.residual_bytes_per_device)} per device on '
+                f'{report.num_devices} device(s)'
+                + (f', mesh {html_text(mesh_text(report.mesh_shape))}'
+                   if report.mesh_shape else ''))
   return (f'<table class="remat-residual-table"><caption>{caption}</caption>'
           f'<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>')
 
 
-def _residual_row(r: Residual) -> str:
+def _residual_row(r: Residual, sharded: bool = False) -> str:
   origin = r.argument if r.kind == 'argument' and r.argument else (r.primitive or r.kind)
   if r.memory_space != 'device':
     origin += f' (offloaded to {r.memory_space})'
-  cells = (str(r.index), str(r.shape), r.dtype, f'{r.bytes:,} ({format_bytes(r.bytes)})',
-           origin, r.name or '', r.block or '', r.source or '')
+  cells = [str(r.index), str(r.shape), r.dtype, f'{r.bytes:,} ({format_bytes(r.bytes)})',
+           origin, r.name or '', r.block or '', r.source or '']
+  if sharded:
+    cells[4:4] = [r.sharding or MISSING, _per_device_cell(r)]
   return '<tr>' + ''.join(f'<td>{html_text(c)}</td>' for c in cells) + '</tr>'
+
+
+def _per_device_cell(r: Residual) -> str:
+  if r.per_device_shape is None:
+    return MISSING
+  return (f'{r.per_device_shape} {r.per_device_bytes:,} '
+          f'({format_bytes(r.per_device_bytes)})')
 
 
 def comparison_table_html(comparison: Comparison) -> str:
   """One row per policy: residual, temp and peak bytes, FLOPs (the jaxpr's
-  and XLA's), compile and run time, the Pareto front and any flag."""
-  head = ''.join(f'<th>{h}</th>' for h in (
-      'policy', 'residual bytes', 'compiled temp', 'compiled peak', 'FLOPs (jaxpr)',
-      'FLOPs (XLA)', 'recompute FLOPs', 'compile', 'run', 'Pareto', 'notes'))
+  and XLA's), compile and run time, the Pareto front and any flag; for a
+  program partitioned over several devices also the residual bytes per
+  device and the collectives (those the recompute re-runs in brackets)."""
+  sharded = comparison.num_devices > 1
+  headings = ['policy', 'residual bytes', 'compiled temp', 'compiled peak', 'FLOPs (jaxpr)',
+              'FLOPs (XLA)', 'recompute FLOPs', 'compile', 'run', 'Pareto', 'notes']
+  if sharded:
+    headings[2:6] = ['residual bytes / device', 'compiled temp / device',
+                     'compiled peak / device', 'collectives (recompute)', 'FLOPs (jaxpr)',
+                     'FLOPs (XLA) / device']
+  head = ''.join(f'<th>{h}</th>' for h in headings)
   body = []
   for r in comparison.rows:
     if r.failed:
       note = f'compile failed: {r.costs.error}'
     else:
       note = r.recompute_eliminated or ''
-    cells = (r.label, format_bytes(r.residual_bytes), format_bytes(r.temp_bytes),
+    cells = [r.label, format_bytes(r.residual_bytes), format_bytes(r.temp_bytes),
              format_bytes(r.peak_bytes), format_flops(r.flops), format_flops(r.xla_flops),
              format_flops(r.recompute_flops), format_seconds(r.compile_seconds),
-             format_seconds(r.run_seconds), '✓' if r.on_pareto_front else '', note)
+             format_seconds(r.run_seconds), '✓' if r.on_pareto_front else '', note]
+    if sharded:
+      collectives = (MISSING if r.collectives is None
+                     else f'{r.collectives} ({r.recompute_collectives})')
+      cells[2:4] = [format_bytes(r.residual_bytes_per_device), *cells[2:4], collectives]
     css = ' class="pareto"' if r.on_pareto_front else ''
     body.append(f'<tr{css}>' + ''.join(f'<td>{html_text(c)}</td>' for c in cells) + '</tr>')
   caption = (f'{html_text(comparison.function)} on {html_text(comparison.device_kind)}; '
              f'charts use the {html_text(comparison.flops_used_by_charts)} FLOP count')
+  if sharded:
+    caption += (f'; partitioned over {comparison.num_devices} devices'
+                + (f' (mesh {html_text(mesh_text(comparison.mesh_shape))})'
+                   if comparison.mesh_shape else '')
+                + ', compiled figures per device')
   return (f'<table class="remat-comparison-table"><caption>{caption}</caption>'
           f'<thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>')
 
