@@ -52,7 +52,6 @@ class Residual:
     return self.bytes if self.per_device_bytes is None else self.per_device_bytes
 
 
-
 @dataclass(frozen=True)
 class RecomputedEquation:
   """An equation the backward pass runs again instead of reading a residual."""
