@@ -249,7 +249,10 @@ def _block_report(site: BlockSite, record, names) -> BlockReport:
       **common, differentiated=True, residuals=residuals,
       residual_bytes=sum(r.bytes for r in residuals), recomputed=recomputed,
       recompute_flops=sum(e.flops for e in recomputed),
-      known_jaxpr=split.known, staged_jaxpr=split.staged)
+      known_jaxpr=split.known, staged_jaxpr=split.staged,
+      in_unknowns=tuple(record.in_unknowns), num_residuals=split.num_residuals,
+      known_inputs_used=tuple(split.known_inputs_used),
+      staged_inputs_used=tuple(split.staged_inputs_used))
 
 
 def _block_input_names(record) -> list[str]:
@@ -266,7 +269,7 @@ def _recomputed_equations(split, in_unknowns):
   used_unknowns = [u for u, used in zip(in_unknowns, split.staged_inputs_used) if used]
   unknown_inputs = staged.invars[split.num_residuals:]
   depends_on_tangents = {v for v, u in zip(unknown_inputs, used_unknowns) if u}
-  for eqn in staged.eqns:
+  for index, eqn in enumerate(staged.eqns):
     if any(isinstance(v, core.Var) and v in depends_on_tangents for v in eqn.invars):
       depends_on_tangents.update(eqn.outvars)
       continue
@@ -275,7 +278,7 @@ def _recomputed_equations(split, in_unknowns):
         outputs=', '.join(v.aval.str_short(short_dtypes=True) for v in eqn.outvars),
         flops=flop_count.eqn_flops(eqn),
         source=jx.source_info_util.summarize(eqn.source_info),
-        name=jx.name_of_named_value(eqn))
+        name=jx.name_of_named_value(eqn), index=index)
 
 
 def _equation_costs(closed) -> tuple[EquationCost, ...]:

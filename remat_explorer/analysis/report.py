@@ -61,6 +61,8 @@ class RecomputedEquation:
   flops: int
   source: str | None
   name: str | None = None
+  index: int | None = None
+  """Its position among the block's staged (backward) equations."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,16 @@ class BlockReport:
   """Per run of the block."""
   known_jaxpr: Any = dataclasses.field(default=None, repr=False, compare=False)
   staged_jaxpr: Any = dataclasses.field(default=None, repr=False, compare=False)
+  # The split's bookkeeping, which says how the two jaxprs connect: the known
+  # jaxpr's last `num_residuals` outputs are the staged jaxpr's first inputs;
+  # then come the block inputs each half reads, in block order.
+  in_unknowns: tuple[bool, ...] = ()
+  """For each block input, whether it is a (co)tangent-carrying input."""
+  num_residuals: int = 0
+  known_inputs_used: tuple[bool, ...] = ()
+  """For each known block input, whether the known jaxpr reads it."""
+  staged_inputs_used: tuple[bool, ...] = ()
+  """For each block input, whether the staged jaxpr reads it."""
 
   @property
   def residual_bytes_per_device(self) -> int:

@@ -1,16 +1,21 @@
 """The split diagram as plain nodes and edges, before any Graphviz.
 
-``build`` turns jaxprs into ``Section``s (one per drawn jaxpr, each a
-cluster) of ``Node``s and ``Edge``s; ``summarize`` then keeps the whole under
-a node budget: identical blocks once, chains of elementwise ops folded, and
-what still does not fit elided into "⋯ N more" nodes, from the middle of a
-program so that its inputs and outputs stay in view.
+``draw_jaxpr`` turns jaxprs into ``Section``s (one per drawn jaxpr, each a
+cluster) of ``Node``s and ``Edge``s. Above a node budget the diagram is then
+summarized, in this order: identical blocks drawn once (``dedupe_blocks``),
+repeated runs of equations, such as the layers of an unrolled model, drawn
+once with ×N (``fold_repeats``), chains of elementwise ops folded
+(``fold_chains``), and what still does not fit elided into "⋯ N more" nodes
+from the middle of a program, so that its inputs and outputs stay in view
+(``elide``).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from jax.extend.core import Literal, jaxprs_in_params
 
@@ -45,6 +50,8 @@ class Node:
   foldable: bool = False
   expanded: bool = False
   recomputed_count: int = 0
+  names: list[str] = field(default_factory=list)
+  """The ``checkpoint_name``s of the values a folded node stands for."""
 
   @property
   def flops(self) -> int:
@@ -198,6 +205,86 @@ def _count_eqns(jaxpr) -> int:
 
 
 # -- summarizing ---------------------------------------------------------------
+
+def fold_repeats(diagram: Diagram, *, min_repeats: int = 3,
+                 max_period: int = 512) -> None:
+  """Fold each run of equations that repeats with a period into one node.
+
+  An unrolled model's layers are the same few equations over and over:
+  drawn once with ×N they keep the picture's shape where eliding would cut
+  most of it. Equations match when their primitive, output types and
+  recompute status do (``checkpoint_name``s may differ: each layer's names
+  are listed in the folded node's tooltip).
+  """
+  moved = {}
+  for section in diagram.sections():
+    nodes = list(section.nodes.values())
+    body = [n for n in nodes if n.kind in ('eqn', 'sub')]
+    runs = _periodic_runs([_signature(n) for n in body], min_repeats, max_period)
+    if not runs:
+      continue
+    first_of_run = {}
+    for start, period, repeats in runs:
+      segment = body[start:start + period * repeats]
+      stand_in = _repeat_node(f'{section.id}_rep{start}', segment, period, repeats)
+      first_of_run[segment[0].id] = stand_in
+      moved.update((n.id, stand_in.id) for n in segment)
+    new_nodes = {}
+    for node in nodes:
+      if node.id in first_of_run:
+        stand_in = first_of_run[node.id]
+        new_nodes[stand_in.id] = stand_in
+      elif node.id not in moved:
+        new_nodes[node.id] = node
+    section.nodes = new_nodes
+  if moved:
+    diagram.redirect(moved)
+
+
+def _signature(node: Node) -> tuple:
+  return (node.kind, node.lines[0] if node.kind == 'eqn' else tuple(node.lines),
+          node.lines[-1], node.recomputed, node.name is not None)
+
+
+def _periodic_runs(signatures: list, min_repeats: int,
+                   max_period: int) -> list[tuple[int, int, int]]:
+  """Non-overlapping ``(start, period, repeats)`` runs of `signatures` that
+  repeat at least `min_repeats` times, the ones covering most taken first."""
+  if len(signatures) < 2 * min_repeats:
+    return []
+  codes = {}
+  seq = np.array([codes.setdefault(s, len(codes)) for s in signatures])
+  candidates = []
+  for period in range(1, min(max_period, len(seq) // min_repeats) + 1):
+    same = np.concatenate([[False], seq[period:] == seq[:-period], [False]])
+    edges = np.flatnonzero(np.diff(same.astype(np.int8)))
+    for start, stop in zip(edges[::2], edges[1::2]):
+      # seq[start:stop + period] repeats with this period.
+      repeats = (stop - start + period) // period
+      if repeats >= min_repeats:
+        candidates.append((repeats * period, period, int(start), int(repeats)))
+  candidates.sort(key=lambda c: (-c[0], c[1], c[2]))
+  taken, covered = [], np.zeros(len(seq), dtype=bool)
+  for length, period, start, repeats in candidates:
+    if not covered[start:start + length].any():
+      covered[start:start + length] = True
+      taken.append((start, period, repeats))
+  return sorted(taken)
+
+
+def _repeat_node(nid: str, segment: list[Node], period: int, repeats: int) -> Node:
+  one = [n.lines[0] for n in segment[:period]]
+  shown = ' → '.join(one) if period <= 4 else ' → '.join(one[:3]) + f' → … ({period} ops)'
+  recomputed = sum(len(n.eqns) for n in segment if n.recomputed)
+  names = [n.name for n in segment if n.name is not None]
+  total = sum(len(n.eqns) for n in segment)
+  lines = [f'{shown} ×{repeats}', segment[period - 1].lines[-1]]
+  if 0 < recomputed < total:
+    lines.append(f'{recomputed} of {total} recomputed')
+  return Node(nid, lines, 'folded', recomputed=recomputed == total,
+              eqns=[e for n in segment for e in n.eqns], recomputed_count=recomputed,
+              names=names)
+
 
 def fold_chains(diagram: Diagram) -> None:
   """Fold each chain of elementwise one-in-one-out ops into one node.

@@ -1,10 +1,11 @@
 """The known/staged split of each remat block, as a Graphviz diagram.
 
-``split_graph(report)`` draws, for every block differentiation split, its
+``split_diagram(report)`` lays out, for every block differentiation split, its
 forward (known) jaxpr in one cluster and its backward (staged) jaxpr in
 another, with one highlighted edge per residual crossing from the first to
-the second. It is a pure function of a ``RematReport``; ``to_svg`` renders
-the result with the ``dot`` binary.
+the second, as plain data (``_graph.Diagram``); ``split_graph`` turns that into
+a ``graphviz.Digraph`` and ``to_svg`` renders it with the ``dot`` binary. All
+three are pure functions of a ``RematReport``.
 
 Node ids are stable: ``f<i>_e<j>`` / ``b<i>_e<j>`` is equation ``j`` of the
 ``i``-th drawn block's forward / backward jaxpr, ``..._i<k>`` its inputs, and
@@ -42,13 +43,24 @@ def split_graph(report: RematReport, *, block: str | None = None,
                 max_nodes: int = 300, expand: Iterable[str] = ()) -> graphviz.Digraph:
   """The split of `report`'s remat blocks as a ``graphviz.Digraph``.
 
+  The drawing of ``split_diagram(report, ...)``; the arguments are its.
+  """
+  return _emit(split_diagram(report, block=block, max_nodes=max_nodes, expand=expand))
+
+
+def split_diagram(report: RematReport, *, block: str | None = None,
+                  max_nodes: int = 300, expand: Iterable[str] = ()) -> Diagram:
+  """The split of `report`'s remat blocks as plain nodes, edges and clusters.
+
   Args:
     report: from ``remat_explorer.analysis.analyze``.
     block: a block name (``BlockReport.name``) to draw that block only;
       default: every block that differentiation split.
     max_nodes: above this many nodes the diagram is summarized (identical
-      blocks drawn once with ×N, chains of elementwise ops folded, then the
-      middle of long jaxprs elided); it never has many more than this.
+      blocks drawn once with ×N, repeated runs of equations such as
+      unrolled layers drawn once with ×N, chains of elementwise ops folded,
+      then the middle of long jaxprs elided); it never has many more than
+      this.
     expand: ids of collapsed call nodes (scan, cond, while, jit, nested
       checkpoints) to draw open.
   """
@@ -71,10 +83,12 @@ def split_graph(report: RematReport, *, block: str | None = None,
     diagram.notes.append('no block was split by differentiation')
   if diagram.num_nodes() > budget:
     before = diagram.num_nodes()
-    _graph.fold_chains(diagram)
-    _graph.elide(diagram, budget)
+    _graph.fold_repeats(diagram)
+    if diagram.num_nodes() > budget:
+      _graph.fold_chains(diagram)
+      _graph.elide(diagram, budget)
     diagram.notes.append(f'summarized: {before} nodes drawn as {diagram.num_nodes()}')
-  return _emit(diagram)
+  return diagram
 
 
 def to_svg(digraph: graphviz.Digraph) -> str:
@@ -114,7 +128,7 @@ def _add_block(diagram: Diagram, i: int, block: BlockReport,
   head = (f'{block.name}' + (f' ({block.function})' if block.function != block.name else '')
           + (f' in {where}' if where else '') + runs)
   if len(same) > 1:
-    head += f' · ×{len(same)} identical blocks: ' + ', '.join(b.name for b in same)
+    head += f' · ×{len(same)} identical blocks: ' + _name_list([b.name for b in same])
   fwd = Section(f'f{i}', f'{head} · policy {block.policy} · saves '
                 f'{format_bytes(block.residual_bytes)} per run')
   bwd = Section(f'b{i}', f'{head} · recomputes {len(split.recomputed)} eqns, '
@@ -141,6 +155,10 @@ def _add_block(diagram: Diagram, i: int, block: BlockReport,
       src = f'{fwd.id}_lit{r}'
       fwd.nodes[src] = Node(src, ['literal', str(getattr(v, 'val', ''))], 'input', role='const')
     eqn = producers.get(v)
+    if eqn is not None and eqn.primitive.name == 'reduce_precision':
+      # The split rounds residuals after their producer (engine/split.py):
+      # the name, if any, is on the value before rounding.
+      eqn = producers.get(eqn.invars[0], eqn)
     name = jx.name_of_named_value(eqn) if eqn is not None else None
     edges.append(Edge(src, b_in[r], 'residual', aval_bytes(v.aval), 1,
                       _residual_edge_name(block, v.aval, name, 'equation')))
@@ -176,6 +194,13 @@ def _residual_edge_name(block: BlockReport, aval, name: str | None, kind: str):
   edge_name.per_device = (f'{aval.update(shape=local).str_short(short_dtypes=True)} '
                           f'{format_bytes(nbytes)}/device')
   return edge_name
+
+
+def _name_list(names: list[str], shown: int = 4) -> str:
+  """`names` joined, the middle cut when long: a cluster's title is one line."""
+  if len(names) <= shown:
+    return ', '.join(names)
+  return ', '.join(names[:shown - 1]) + f', … ({len(names) - shown} more), ' + names[-1]
 
 
 # -- Graphviz ------------------------------------------------------------------
@@ -247,6 +272,8 @@ def _tooltip(node: Node) -> str:
     parts.append(jx.source_info_util.summarize(node.eqns[0].source_info))
   elif node.eqns:
     parts.append(f'{len(node.eqns)} equations, {format_flops(node.flops)}')
+  if node.names:
+    parts.append('names: ' + _name_list(node.names))
   return graphviz.escape(html_text(' · '.join(parts)))
 
 
@@ -276,7 +303,7 @@ def _legend(g: graphviz.Digraph) -> None:
                                                            style='rounded,filled')),
              ('legend_sub', 'call (scan, jit, …), collapsed', dict(shape='box3d',
                                                                   fillcolor=FILLS['sub'])),
-             ('legend_folded', 'folded chain / elided', dict(shape='cds'))]
+             ('legend_folded', 'folded: chain, ×N repeats', dict(shape='cds'))]
   assert len(entries) == LEGEND_NODES
   with g.subgraph(name='cluster_legend') as c:
     c.attr(label='<<b>legend</b>>', style='rounded', color='#bbbbbb', fontsize='10')

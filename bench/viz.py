@@ -1,0 +1,84 @@
+"""Viz benchmark: how long drawing the split takes on large programs.
+
+For each program: ``split_graph`` (build and summarize the diagram) and
+``to_svg`` (Graphviz's layout), against tracing the gradient with
+``jax.make_jaxpr(jax.grad(f))`` in the same run, the cost any JAX user pays
+to look at a program at all. The target: a 5,000-equation program drawn in a
+few seconds, never a hang or an SVG of tens of MB.
+
+    .venv/bin/python bench/viz.py [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import remat_explorer as rx  # noqa: E402
+from remat_explorer import examples, viz  # noqa: E402
+from remat_explorer.analysis import analyze  # noqa: E402
+
+
+def unrolled_mlp(num_layers: int):
+  """One checkpointed block of `num_layers` unrolled layers (about 13
+  equations per layer across the forward and backward passes)."""
+  def mlp(ws, x):
+    for i, w in enumerate(ws):
+      x = jnp.tanh(x @ w + 0.1)
+      if i % 10 == 0:
+        x = rx.checkpoint_name(x, f'layer{i}')
+    return jnp.sum(x)
+  keys = jax.random.split(jax.random.key(0), num_layers + 1)
+  ws = [jax.random.normal(k, (8, 8)) * 0.3 for k in keys[:-1]]
+  x = jax.random.normal(keys[-1], (4, 8))
+  return rx.checkpoint(mlp, policy=rx.checkpoint_policies.dots_saveable), (ws, x)
+
+
+def median_seconds(fn, repeats: int) -> float:
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def bench(label: str, f, args, repeats: int) -> None:
+  report = analyze(f, *args)
+  equations = sum(len(b.known_jaxpr.eqns) + len(b.staged_jaxpr.eqns)
+                  for b in report.blocks if b.differentiated)
+  trace = median_seconds(lambda: jax.make_jaxpr(jax.grad(f))(*args), repeats)
+  graph = median_seconds(lambda: viz.split_graph(report), repeats)
+  digraph = viz.split_graph(report)
+  svg_text = viz.to_svg(digraph)
+  render = median_seconds(lambda: viz.to_svg(digraph), repeats)
+  nodes = sum(1 for line in digraph.source.splitlines()
+              if line.lstrip().startswith(('f', 'b')) and ' [label=' in line)
+  print(f'{label:<28} {equations:>7} {nodes:>6} {graph:>8.3f} {render:>8.3f} '
+        f'{len(svg_text) / 1024:>8.0f} {trace:>8.3f} {(graph + render) / trace:>7.2f}')
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__)
+  parser.add_argument('--repeats', type=int, default=3)
+  args = parser.parse_args(argv)
+  print(f'{"program":<28} {"eqns":>7} {"nodes":>6} {"graph s":>8} {"dot s":>8} '
+        f'{"SVG KiB":>8} {"trace s":>8} {"ratio":>7}')
+  print('(ratio: split_graph + to_svg over jax.make_jaxpr(jax.grad(f)), same run)')
+  for layers in (400, 1000):
+    bench(f'unrolled MLP, {layers} layers', *unrolled_mlp(layers), args.repeats)
+  bench('transformer, 24 layers', *examples.transformer(num_layers=24), args.repeats)
+  bench('transformer under scan', *examples.transformer(num_layers=24, use_scan=True),
+        args.repeats)
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,202 @@
+"""The split diagram: what its DOT source and SVG say about the split.
+
+Each test reads the diagram for facts the analysis also states (residual
+counts and bytes, recomputed equations, names, blocks) and checks that the
+two agree, on small programs and on a 5,000-equation one.
+"""
+
+import re
+import time
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import remat_explorer as rx
+from remat_explorer import examples, viz
+from remat_explorer.analysis import analyze, describe_policy
+from remat_explorer.viz import _graph
+from remat_explorer.viz.split_graph import RECOMPUTED_FILL, split_diagram
+from remat_explorer.viz.text import format_bytes
+
+cp = rx.checkpoint_policies
+
+
+def _normal(seed, shape):
+  return jax.random.normal(jax.random.key(seed), shape)
+
+
+def _named_block():
+  def block(x, w):
+    h = rx.checkpoint_name(jnp.sin(x @ w), 'hidden')
+    y, _ = jax.lax.scan(lambda c, _: (jnp.cos(c) @ w, None), h, None, length=3)
+    return jnp.sum(jnp.tanh(y))
+  return block, (_normal(0, (4, 8)), _normal(1, (8, 8)))
+
+
+def _residual_edges(source: str) -> list[str]:
+  return [line for line in source.splitlines() if 'class=residual' in line]
+
+
+@pytest.mark.parametrize('policy', [cp.nothing_saveable, cp.dots_saveable,
+                                    cp.everything_saveable,
+                                    cp.save_only_these_names('hidden')],
+                         ids=describe_policy)
+def test_one_residual_edge_per_residual_with_its_bytes(policy):
+  block, args = _named_block()
+  report = analyze(rx.checkpoint(block, policy=policy), *args)
+  (b,) = report.blocks
+  source = viz.split_graph(report).source
+  edges = _residual_edges(source)
+  assert len(edges) == len(b.residuals) >= 1
+  drawn = sorted(re.search(r'label=<(?:[^<]* · )?([^<]*)>', e).group(1) for e in edges)
+  assert drawn == sorted(format_bytes(r.bytes) for r in b.residuals)
+  # Every residual edge goes from the forward cluster to the backward one.
+  for e in edges:
+    src, dst = re.match(r'\s*(\S+) -> (\S+)', e).groups()
+    assert src.startswith('f0_') and dst.startswith('b0_')
+
+
+def test_two_clusters_block_subclusters_and_a_legend():
+  loss_fn, args = examples.transformer(num_layers=2, d_model=16, seq_len=8, batch=2)
+  report = analyze(loss_fn, *args)
+  split_blocks = [b for b in report.blocks if b.differentiated]
+  assert len(split_blocks) == 2
+  source = viz.split_graph(report, max_nodes=5000).source  # nothing summarized
+  assert 'subgraph cluster_forward' in source and 'subgraph cluster_backward' in source
+  for i in range(len(split_blocks)):
+    assert f'subgraph cluster_f{i} ' in source and f'subgraph cluster_b{i} ' in source
+  assert 'subgraph cluster_legend' in source
+  # The forward cluster holds only forward nodes, the backward only backward.
+  forward, backward = source.split('subgraph cluster_backward')
+  backward = backward.split('subgraph cluster_legend')[0]
+  assert not re.search(r'^\s*b\d+_\S+ \[', forward, re.M)
+  assert not re.search(r'^\s*f\d+_\S+ \[label', backward.split('\n\t}\n')[0], re.M)
+
+
+def test_recomputed_equations_are_coloured_and_counted():
+  block, args = _named_block()
+  report = analyze(rx.checkpoint(block, policy=cp.save_only_these_names('hidden')), *args)
+  (b,) = report.blocks
+  source = viz.split_graph(report).source
+  recomputed_nodes = re.findall(r'^\s*(b0_e\d+) \[.*class="eqn recomputed"', source, re.M)
+  assert [int(n.split('_e')[1]) for n in recomputed_nodes] == [e.index for e in b.recomputed]
+  assert len(recomputed_nodes) >= 1
+  assert f'recomputes {len(b.recomputed)} eqns' in source
+  assert RECOMPUTED_FILL in source
+  # Saving everything recomputes nothing.
+  everything = analyze(rx.checkpoint(block, policy=cp.everything_saveable), *args)
+  assert 'class="eqn recomputed"' not in viz.split_graph(everything).source
+
+
+def test_checkpoint_names_on_nodes_and_residual_edges():
+  block, args = _named_block()
+  report = analyze(rx.checkpoint(block, policy=cp.save_only_these_names('hidden')), *args)
+  source = viz.split_graph(report).source
+  assert re.search(r'name<br/><b>“hidden”</b>.*class="eqn named"', source)
+  (named_edge,) = [e for e in _residual_edges(source) if 'hidden' in e]
+  (saved,) = [r for r in report.residuals if r.name == 'hidden']
+  assert f'hidden · {format_bytes(saved.bytes)}' in named_edge
+
+
+def test_calls_collapse_with_a_summary_and_expand_on_request():
+  block, args = _named_block()
+  report = analyze(rx.checkpoint(block, policy=cp.nothing_saveable), *args)
+  source = viz.split_graph(report).source
+  scan_nodes = re.findall(r'^\s*(b0_e\d+) \[label=<scan ×3<br/><font point-size="9">(\d+) eqns',
+                          source, re.M)
+  assert len(scan_nodes) == 1
+  node_id, count = scan_nodes[0]
+  assert int(count) >= 2 and 'class=sub' in source
+  assert f'subgraph cluster_{node_id}_j0' not in source
+  opened = viz.split_graph(report, expand=[node_id]).source
+  assert f'subgraph cluster_{node_id}_j0' in opened
+  body = opened.split(f'subgraph cluster_{node_id}_j0')[1].split('\n\t\t\t}')[0]
+  assert len(re.findall(rf'{node_id}_j0_e\d+ \[', body)) == int(count)
+
+
+def test_one_block_at_a_time_and_clear_errors_for_other_names():
+  loss_fn, args = examples.transformer(num_layers=2, d_model=16, seq_len=8, batch=2)
+  report = analyze(loss_fn, *args)
+  first = report.blocks[0].name
+  source = viz.split_graph(report, block=first).source
+  assert 'cluster_f0 ' in source and 'cluster_f1 ' not in source
+  with pytest.raises(ValueError, match="no block named 'nope'"):
+    viz.split_graph(report, block='nope')
+
+
+def test_identical_blocks_are_drawn_once_with_their_count():
+  loss_fn, args = examples.transformer(num_layers=6, d_model=16, seq_len=8, batch=2)
+  report = analyze(loss_fn, *args)
+  source = viz.split_graph(report, max_nodes=100).source
+  assert '×6 identical blocks' in source
+  assert 'cluster_f1 ' not in source
+
+
+def _long_program(num_layers):
+  """An unrolled MLP of `num_layers` layers in one block: thousands of
+  equations, with a name every tenth layer."""
+  def mlp(ws, x):
+    for i, w in enumerate(ws):
+      x = jnp.tanh(x @ w + 0.1)
+      if i % 10 == 0:
+        x = rx.checkpoint_name(x, f'layer{i}')
+    return jnp.sum(x)
+  ws = [_normal(i, (8, 8)) * 0.3 for i in range(num_layers)]
+  return rx.checkpoint(mlp, policy=cp.dots_saveable), (ws, _normal(-1, (4, 8)))
+
+
+@pytest.fixture(scope='module')
+def long_report():
+  f, args = _long_program(400)
+  report = analyze(f, *args)
+  (block,) = report.blocks
+  assert len(block.known_jaxpr.eqns) + len(block.staged_jaxpr.eqns) >= 5000
+  return report
+
+
+def test_a_5000_equation_program_is_summarized_and_renders(long_report):
+  start = time.perf_counter()
+  digraph = viz.split_graph(long_report, max_nodes=300)
+  svg = viz.to_svg(digraph)
+  seconds = time.perf_counter() - start
+  nodes = re.findall(r'^\s*([fb]0_\w+) \[', digraph.source, re.M)
+  assert len(nodes) <= 300
+  assert 'summarized:' in digraph.source
+  # Unrolled layers are folded into repeated runs, not just cut away.
+  assert re.search(r'dot_general[^<]* ×\d+', digraph.source)
+  assert len(svg) < 2_000_000
+  assert '<svg' in svg and 'cluster_forward' in svg
+  # A guard against a layout that hangs; bench/viz.py measures the time.
+  assert seconds < 60
+
+
+def test_folded_runs_keep_the_equation_count_and_names(long_report):
+  digraph_source = viz.split_graph(long_report, max_nodes=300).source
+  (block,) = long_report.blocks
+  drawn = split_diagram(long_report, max_nodes=300)
+  eqns_drawn = sum(len(n.eqns) for s in drawn.sections() for n in s.nodes.values())
+  assert eqns_drawn == len(block.known_jaxpr.eqns) + len(block.staged_jaxpr.eqns)
+  assert 'names: layer0, layer10' in digraph_source
+
+
+def test_periodic_runs_find_repeated_layers():
+  seq = list('xy') + list('abc') * 5 + list('z')
+  assert _graph._periodic_runs(seq, 3, 8) == [(2, 3, 5)]
+  assert _graph._periodic_runs(list('abcd'), 3, 8) == []
+  # Two different runs, each repeated, are both found.
+  assert _graph._periodic_runs(list('ab' * 4 + 'c' * 6), 3, 4) == [(0, 2, 4), (8, 1, 6)]
+
+
+def test_without_dot_the_error_says_how_to_install_and_dot_source_remains(monkeypatch):
+  block, args = _named_block()
+  report = analyze(rx.checkpoint(block), *args)
+  digraph = viz.split_graph(report)
+  monkeypatch.setenv('PATH', '/nonexistent')
+  with pytest.raises(RuntimeError, match='apt-get install graphviz') as e:
+    viz.to_svg(digraph)
+  assert 'digraph.source' in str(e.value)
+  assert 'cluster_forward' in digraph.source
+  # The static view shows the message and the DOT text instead of failing.
+  html = viz.StaticView(report)._repr_html_()
+  assert 'apt-get install graphviz' in html and 'cluster_forward' in html
