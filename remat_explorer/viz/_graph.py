@@ -68,6 +68,8 @@ class Edge:
   bytes: int = 0
   count: int = 1
   name: str | None = None
+  per_device: str | None = None
+  """For a residual of a sharded program: the shard each device keeps."""
 
 
 @dataclass
@@ -109,9 +111,9 @@ class Diagram:
       if key in merged:
         merged[key].count += e.count
         merged[key].bytes += e.bytes
-        merged[key].name = None
+        merged[key].name = merged[key].per_device = None
       else:
-        merged[key] = Edge(src, dst, e.kind, e.bytes, e.count, e.name)
+        merged[key] = Edge(src, dst, e.kind, e.bytes, e.count, e.name, e.per_device)
     self.edges = list(merged.values())
 
 

@@ -160,8 +160,8 @@ def _add_block(diagram: Diagram, i: int, block: BlockReport,
       # the name, if any, is on the value before rounding.
       eqn = producers.get(eqn.invars[0], eqn)
     name = jx.name_of_named_value(eqn) if eqn is not None else None
-    edges.append(Edge(src, b_in[r], 'residual', aval_bytes(v.aval), 1,
-                      _residual_edge_name(block, v.aval, name, 'equation')))
+    edges.append(Edge(src, b_in[r], 'residual', aval_bytes(v.aval), 1, name,
+                      _per_device_shard(block, v.aval, name, 'equation')))
   for k, (known_index, staged_index) in enumerate(split.saved_inputs):
     if known_index is None:  # read by the backward pass only
       src = f'{fwd.id}_saved{k}'
@@ -170,30 +170,22 @@ def _add_block(diagram: Diagram, i: int, block: BlockReport,
     else:
       src = f_in[known_index]
     aval = staged.invars[staged_index].aval
-    edges.append(Edge(src, b_in[staged_index], 'residual', aval_bytes(aval), 1,
-                      _residual_edge_name(block, aval, None, 'argument')))
+    edges.append(Edge(src, b_in[staged_index], 'residual', aval_bytes(aval), 1, None,
+                      _per_device_shard(block, aval, None, 'argument')))
 
 
-class _EdgeName(str):
-  """A residual edge's ``checkpoint_name`` ('' if none) that also carries, in
-  a sharded program, the shard each device keeps. A str, so it goes wherever
-  summarizing the diagram moves the edge's name."""
-  per_device: str | None = None
-
-
-def _residual_edge_name(block: BlockReport, aval, name: str | None, kind: str):
-  """`name`, with the per-device shard of the block residuals of this type
-  and kind (and name, if any) when they agree on one (``Residual``)."""
+def _per_device_shard(block: BlockReport, aval, name: str | None, kind: str) -> str | None:
+  """In a sharded program, the shard each device keeps of a residual of this
+  type and kind (and name, if any), when the block's residuals of that
+  description agree on one; else None."""
   shards = {(r.per_device_shape, r.per_device_bytes) for r in block.residuals
             if r.kind == kind and name in (None, r.name) and r.per_device_shape is not None
             and r.shape == tuple(aval.shape) and r.dtype == str(aval.dtype)}
   if len(shards) != 1:
-    return name
+    return None
   (local, nbytes), = shards
-  edge_name = _EdgeName(name or '')
-  edge_name.per_device = (f'{aval.update(shape=local).str_short(short_dtypes=True)} '
-                          f'{format_bytes(nbytes)}/device')
-  return edge_name
+  return (f'{aval.update(shape=local).str_short(short_dtypes=True)} '
+          f'{format_bytes(nbytes)}/device')
 
 
 def _name_list(names: list[str], shown: int = 4) -> str:
@@ -284,9 +276,8 @@ def _edge_attrs(e: Edge) -> dict[str, str]:
       text = f'{e.count} residuals · {text}'
     elif e.name:
       text = f'{e.name} · {text}'
-    per_device = getattr(e.name, 'per_device', None)
-    if per_device and e.count == 1:
-      text += f' · {per_device}'
+    if e.per_device:
+      text += f' · {e.per_device}'
     return dict(label=f'<{html_text(text)}>', color=RESIDUAL_COLOR, fontcolor=RESIDUAL_COLOR,
                 penwidth='2.5', style='bold', constraint='true', **{'class': 'residual'})
   if e.kind == 'body':
