@@ -58,15 +58,9 @@ def plot_memory_breakdown(comparison: Comparison) -> Figure:
   """One stacked bar per compiled policy: arguments, outputs, residual
   buffers live at the peak and the other temporaries, as XLA compiled them."""
   rows = [r for r in comparison.rows if not r.failed]
-  parts = [memory_breakdown(r) for r in rows]
   fig = Figure(figsize=(8, 0.45 * len(rows) + 1.6), layout='constrained')
   ax = fig.add_subplot()
-  scale = byte_unit(max((sum(p.values()) for p in parts), default=1))
-  left = np.zeros(len(rows))
-  for part, color in zip(BREAKDOWN_PARTS, BREAKDOWN_COLORS):
-    widths = np.array([p[part] for p in parts], dtype=float) / scale
-    ax.barh(range(len(rows)), widths, left=left, color=color, label=part)
-    left += widths
+  _, scale = _stacked_breakdown_bars(ax, [memory_breakdown(r) for r in rows])
   ax.set_yticks(range(len(rows)), [short_label(r.label) for r in rows])
   ax.invert_yaxis()
   ax.set_xlabel(f'compiled device memory ({_unit_name(format_bytes(scale))})')
@@ -77,6 +71,18 @@ def plot_memory_breakdown(comparison: Comparison) -> Figure:
     fig.text(0.01, 0.0, 'failed to compile: ' + ', '.join(failed), fontsize='small',
              color='#b00020')
   return fig
+
+
+def _stacked_breakdown_bars(ax, parts: list[dict[str, int]]) -> tuple[np.ndarray, float]:
+  """One horizontal bar per breakdown, its `BREAKDOWN_PARTS` stacked; returns
+  the bars' ends (in the axis unit) and the byte scale of that unit."""
+  scale = byte_unit(max((sum(p.values()) for p in parts), default=1))
+  ends = np.zeros(len(parts))
+  for part, color in zip(BREAKDOWN_PARTS, BREAKDOWN_COLORS):
+    widths = np.array([p[part] for p in parts], dtype=float) / scale
+    ax.barh(range(len(parts)), widths, left=ends, color=color, label=part)
+    ends += widths
+  return ends, scale
 
 
 # -- memory per device ---------------------------------------------------------------
@@ -111,15 +117,9 @@ def plot_per_device_memory(costs: Comparison | Mapping[str, CompiledCosts]) -> F
   if isinstance(costs, Comparison):
     costs = {r.label: r.costs for r in costs.rows}
   shown = {k: c for k, c in costs.items() if not c.failed}
-  parts = [costs_breakdown(c) for c in shown.values()]
   fig = Figure(figsize=(8, 0.45 * len(shown) + 1.6), layout='constrained')
   ax = fig.add_subplot()
-  scale = byte_unit(max((sum(p.values()) for p in parts), default=1))
-  left = np.zeros(len(shown))
-  for part, color in zip(BREAKDOWN_PARTS, BREAKDOWN_COLORS):
-    widths = np.array([p[part] for p in parts], dtype=float) / scale
-    ax.barh(range(len(shown)), widths, left=left, color=color, label=part)
-    left += widths
+  left, scale = _stacked_breakdown_bars(ax, [costs_breakdown(c) for c in shown.values()])
   for i, total in enumerate(left):
     ax.annotate(format_bytes(total * scale), (total, i), xytext=(3, 0),
                 textcoords='offset points', va='center', fontsize=8)
