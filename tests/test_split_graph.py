@@ -15,7 +15,7 @@ import pytest
 import remat_explorer as rx
 from remat_explorer import examples, viz
 from remat_explorer.analysis import analyze, describe_policy
-from remat_explorer.viz import _graph
+from remat_explorer.viz import _summarize
 from remat_explorer.viz.split_graph import RECOMPUTED_FILL, split_diagram
 from remat_explorer.viz.text import format_bytes
 
@@ -182,10 +182,10 @@ def test_folded_runs_keep_the_equation_count_and_names(long_report):
 
 def test_periodic_runs_find_repeated_layers():
   seq = list('xy') + list('abc') * 5 + list('z')
-  assert _graph._periodic_runs(seq, 3, 8) == [(2, 3, 5)]
-  assert _graph._periodic_runs(list('abcd'), 3, 8) == []
+  assert _summarize._periodic_runs(seq, 3, 8) == [(2, 3, 5)]
+  assert _summarize._periodic_runs(list('abcd'), 3, 8) == []
   # Two different runs, each repeated, are both found.
-  assert _graph._periodic_runs(list('ab' * 4 + 'c' * 6), 3, 4) == [(0, 2, 4), (8, 1, 6)]
+  assert _summarize._periodic_runs(list('ab' * 4 + 'c' * 6), 3, 4) == [(0, 2, 4), (8, 1, 6)]
 
 
 def test_without_dot_the_error_says_how_to_install_and_dot_source_remains(monkeypatch):

@@ -20,7 +20,7 @@ from typing import Iterable
 import graphviz
 
 from remat_explorer.analysis.report import BlockReport, RematReport
-from remat_explorer.viz import _graph
+from remat_explorer.viz import _graph, _summarize
 from remat_explorer.viz._blocks import aval_bytes, block_split
 from remat_explorer.viz._graph import Diagram, Edge, Node, Section
 from remat_explorer.viz.text import format_bytes, format_flops, html_text
@@ -73,7 +73,7 @@ def split_diagram(report: RematReport, *, block: str | None = None,
                  + len(b.known_jaxpr.invars) + len(b.staged_jaxpr.invars)
                  for b in blocks)
   if estimate > budget and len(blocks) > 1:
-    groups = _graph.dedupe_blocks(blocks)
+    groups = _summarize.dedupe_blocks(blocks)
   else:
     groups = [(b, [b]) for b in blocks]
   expand = frozenset(expand)
@@ -83,10 +83,10 @@ def split_diagram(report: RematReport, *, block: str | None = None,
     diagram.notes.append('no block was split by differentiation')
   if diagram.num_nodes() > budget:
     before = diagram.num_nodes()
-    _graph.fold_repeats(diagram)
+    _summarize.fold_repeats(diagram)
     if diagram.num_nodes() > budget:
-      _graph.fold_chains(diagram)
-      _graph.elide(diagram, budget)
+      _summarize.fold_chains(diagram)
+      _summarize.elide(diagram, budget)
     diagram.notes.append(f'summarized: {before} nodes drawn as {diagram.num_nodes()}')
   return diagram
 
