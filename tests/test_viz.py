@@ -308,3 +308,14 @@ def test_explorer_falls_back_to_static_html_where_widgets_do_not_run(problem):
   static = bundle['text/html']
   assert '<svg' in static and 'remat-residual-table' in static
   assert f'under policy {e.policy.value}' in static
+
+
+def test_explorer_keeps_only_the_latest_compile(problem):
+  f, args = problem
+  e = rx.explore(f, *args)
+  e.policy.value = 'everything_saveable'
+  e.policy.value = 'dots_saveable'  # before the first compile ends
+  e.wait(600)
+  assert 'compiled under dots_saveable' in e.costs_view.value
+  assert 'everything_saveable' not in e.costs_view.value
+  assert e.progress.layout.visibility == 'hidden'

@@ -15,6 +15,7 @@ import traceback
 
 from remat_explorer.analysis import (NO_REMAT, analyze, builtin_policies, compare,
                                      compile_costs, search_policy)
+from remat_explorer.analysis.compare import recompute_eliminated
 from remat_explorer.engine.lowering import STRATEGIES
 from remat_explorer.engine.policies import checkpoint_policies
 from remat_explorer.viz.charts import (plot_memory_breakdown, plot_memory_timeline,
@@ -23,6 +24,7 @@ from remat_explorer.viz.html_report import figure_png_data_uri
 from remat_explorer.viz.split_graph import split_graph, to_svg
 from remat_explorer.viz.tables import (RESIDUAL_SORT_KEYS, comparison_table_html,
                                        report_jaxprs_html, residual_table_html)
+from remat_explorer.viz.text import MISSING, format_bytes, format_flops, format_seconds
 
 TABS = ('Split diagram', 'Residuals', 'Costs', 'Compare', 'Program')
 _NAMED = 'save_only_these_names (pick names)'
@@ -64,6 +66,10 @@ class Explorer:
     self.policies = dict(builtin_policies())
     self.comparison = None
     self.search_result = None
+    self._generation = 0
+    self._threads: list[threading.Thread] = []
+    self._running = 0
+    self._lock = threading.Lock()
 
     options = list(self.policies) + ([_NAMED] if self.names else [])
     self.policy = w.Dropdown(options=options, value='nothing_saveable',
@@ -145,32 +151,22 @@ class Explorer:
     except Exception as e:  # shown in the widget; the previous views stay
       self._show_error(e)
       return
-    self._in_background(self._costs)
+    # The compile runs behind the controls: it takes what they say now, and
+    # its result is dropped if they have changed again by the time it ends.
+    self._generation += 1
+    generation, label = self._generation, self.policy.value
+    policy, lowering = self.current_policy(), self.lowering.value
+    self._in_background(lambda: self._costs(generation, label, policy, lowering, report))
 
-  def _costs(self):
-    policy = self.current_policy()
-    self._progress(0, 1, f'compiling under {self.policy.value}')
-    costs = compile_costs(self.f, *self.args, policy=policy, lowering=self.lowering.value,
+  def _costs(self, generation, label, policy, lowering, report):
+    self._progress(0, 1, f'compiling under {label}')
+    costs = compile_costs(self.f, *self.args, policy=policy, lowering=lowering,
                           argnums=self.argnums, **self.kwargs)
     baseline = compile_costs(self.f, *self.args, policy=NO_REMAT, argnums=self.argnums,
                              **self.kwargs)
-    if costs.failed:
-      self.costs_view.value = (f'<p class="error">Compile failed: '
-                               f'{html.escape(costs.error)}</p>')
+    if generation != self._generation:
       return
-    rows = ''.join(
-        f'<tr><td>{html.escape(k)}</td><td>{v}</td></tr>' for k, v in (
-            ('device', html.escape(costs.device_kind)),
-            ('temp bytes', f'{costs.temp_bytes:,}'),
-            ('peak bytes', f'{costs.peak_bytes:,}'),
-            ('no-remat peak bytes', f'{baseline.peak_bytes:,}' if not baseline.failed else '—'),
-            ('XLA FLOPs', f'{costs.xla_flops:,.0f}'),
-            ('compile time', f'{costs.compile_seconds:.2f} s')))
-    timelines = {self.policy.value: costs}
-    if not baseline.failed:
-      timelines['no remat'] = baseline
-    self.costs_view.value = (f'<div class="remat-costs"><table>{rows}</table>'
-                             + _img(plot_memory_timeline(timelines)) + '</div>')
+    self.costs_view.value = _costs_html(label, costs, baseline, report)
 
   def _compare(self):
     self.comparison = compare(self.f, *self.args, lowering=self.lowering.value,
@@ -212,22 +208,29 @@ class Explorer:
   # -- plumbing --------------------------------------------------------------------
 
   def _in_background(self, work) -> None:
+    """Run `work` on a thread behind the progress bar, which stays up while
+    any such work runs; an error is shown in the widget."""
     def run():
-      self.progress.layout.visibility = 'visible'
       try:
         work()
       except Exception as e:
         self._show_error(e)
       finally:
-        self.progress.layout.visibility = 'hidden'
-        self.status.value = ''
-    self._thread = threading.Thread(target=run, daemon=True)
-    self._thread.start()
+        with self._lock:
+          self._running -= 1
+          if not self._running:
+            self.progress.layout.visibility = 'hidden'
+            self.status.value = ''
+    with self._lock:
+      self._running += 1
+      self.progress.layout.visibility = 'visible'
+    thread = threading.Thread(target=run, daemon=True)
+    self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+    thread.start()
 
   def wait(self, timeout: float | None = None) -> None:
     """Block until background work (compiles) is done; for scripts and tests."""
-    thread = getattr(self, '_thread', None)
-    if thread is not None:
+    for thread in list(self._threads):
       thread.join(timeout)
 
   def _progress(self, i, n, label):
@@ -253,6 +256,31 @@ class Explorer:
     except Exception:  # the widget itself shows errors; no fallback then
       pass
     return bundle
+
+
+def _costs_html(label, costs, baseline, report) -> str:
+  """The Costs tab: XLA's figures for `label` beside no remat's, the flag
+  when the compiler merged the recompute away, and the memory timeline."""
+  if costs.failed:
+    return f'<p class="error">Compile failed: {html.escape(costs.error)}</p>'
+  def both(value, formatter):
+    return f'{value:,} ({formatter(value)})' if value is not None else MISSING
+  rows = [('device', html.escape(costs.device_kind)),
+          ('temp bytes', both(costs.temp_bytes, format_bytes)),
+          ('peak bytes', both(costs.peak_bytes, format_bytes)),
+          ('no-remat peak bytes',
+           both(baseline.peak_bytes, format_bytes) if not baseline.failed else MISSING),
+          ('XLA FLOPs', both(costs.xla_flops and int(costs.xla_flops), format_flops)),
+          ('compile time', format_seconds(costs.compile_seconds))]
+  table = ''.join(f'<tr><td>{k}</td><td>{v}</td></tr>' for k, v in rows)
+  flag = recompute_eliminated(report, costs)
+  note = f'<p class="warning" style="color:#8a5a00">{html.escape(flag)}</p>' if flag else ''
+  timelines = {label: costs}
+  if not baseline.failed:
+    timelines['no remat'] = baseline
+  caption = f'<caption>compiled under {html.escape(label)}</caption>'
+  return (f'<div class="remat-costs"><table>{caption}{table}</table>{note}'
+          + _img(plot_memory_timeline(timelines)) + '</div>')
 
 
 def _svg(graph) -> str:
