@@ -11,7 +11,7 @@ import numbers
 import jax
 import numpy as np
 
-from remat_explorer.analysis.program import NO_REMAT, find_blocks
+from remat_explorer.analysis.program import NO_REMAT, check_block_names, find_blocks
 from remat_explorer.analysis.sharding import check_one_device_set
 from remat_explorer.engine import _jax_internals as jx
 from remat_explorer.engine.api import checkpoint
@@ -72,15 +72,22 @@ class Problem:
     return flat
 
   def program_with_blocks(self, policy, lowering):
-    """The program as a jaxpr with every remat block ours, policies set."""
+    """The program as a jaxpr with every remat block ours, policies set.
+
+    A program without a remat block is checkpointed as a whole, as one block
+    named after the function (``policy={name: ...}`` then sets its policy).
+    """
     flat = self.flat_function()
     traced = jax.make_jaxpr(flat)(*self.leaves)
     program, blocks = find_blocks(traced, policy, lowering)
     if blocks or policy is NO_REMAT:
+      check_block_names(policy, blocks)
       return program, blocks
-    # No remat in the program: checkpoint the whole function.
     whole = checkpoint(flat, policy=policy if callable(policy) else None)
-    return find_blocks(jax.make_jaxpr(whole)(*self.leaves), policy, lowering)
+    program, blocks = find_blocks(jax.make_jaxpr(whole)(*self.leaves), policy,
+                                  lowering)
+    check_block_names(policy, blocks, whole_function=True)
+    return program, blocks
 
   def cache_key(self, *settings):
     """A key for results on this problem under `settings` (policy, ...):

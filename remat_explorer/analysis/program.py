@@ -55,23 +55,39 @@ def find_blocks(closed: core.ClosedJaxpr, policy: PolicyChoice = None,
   """Rewrite `closed` so every block is ours, with `policy` and `lowering`.
 
   `policy`: ``None`` keeps each block's own policy; a callable replaces all;
-  a mapping from block function name to policy replaces those blocks only;
-  ``NO_REMAT`` turns every block into a plain call (the no-remat baseline).
+  a mapping from block function name to policy replaces those blocks only
+  (``check_block_names`` then says whether it names blocks that are not
+  there); ``NO_REMAT`` turns every block into a plain call (the no-remat
+  baseline).
   """
   if lowering is not None:
     check_strategy(lowering)
   _check_policy_choice(policy)
   walker = _Walker(policy, lowering)
   jaxpr = walker.rewrite(closed.jaxpr, path=(), trip_count=1, parent=None)
-  if isinstance(policy, Mapping):
-    found = {b.function for b in walker.blocks}
-    missing = sorted(set(policy) - found)
-    if missing:
-      raise ValueError(
-          f'policy= names block(s) {missing} that are not in the program; its '
-          f'remat blocks are {sorted(found) or "none"}. Block names are the '
-          'names of the checkpointed functions.')
   return core.ClosedJaxpr(jaxpr, closed.consts), walker.blocks
+
+
+def check_block_names(policy: PolicyChoice, blocks: list[BlockSite],
+                      whole_function: bool = False) -> None:
+  """Refuse a ``{block name: policy}`` mapping that names a block the program
+  does not have, listing the ones it has. Checked once the blocks are final:
+  a program with no block of its own is checkpointed as a whole
+  (`whole_function`), and its one block is named after the function."""
+  if not isinstance(policy, Mapping):
+    return
+  found = sorted({b.function for b in blocks})
+  missing = sorted(set(policy) - set(found))
+  if not missing:
+    return
+  if whole_function:
+    where = (f'the program has no remat block of its own, so it is '
+             f'checkpointed as a whole, as block {found}')
+  else:
+    where = f'its remat blocks are {found}'
+  raise ValueError(
+      f'policy= names block(s) {missing} that are not in the program; '
+      f'{where}. Block names are the names of the checkpointed functions.')
 
 
 def _check_policy_choice(policy) -> None:
