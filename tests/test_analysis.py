@@ -105,6 +105,19 @@ def test_function_without_remat_is_one_block():
   assert report.recompute_flops > 0
 
 
+def test_the_whole_function_block_is_named_after_the_function():
+  ws, x = _params(10)
+  def plain(w, x):
+    return jnp.sum(jnp.sin(x @ w) ** 2)
+  by_name = analyze(plain, ws[0], x, policy={'plain': cp.everything_saveable})
+  for_all = analyze(plain, ws[0], x, policy=cp.everything_saveable)
+  assert _report_lines(by_name) == _report_lines(for_all)
+  assert by_name.recompute_flops == 0 < analyze(plain, ws[0], x).recompute_flops
+  assert by_name.blocks[0].policy == 'everything_saveable'
+  with pytest.raises(ValueError, match=r"\['nope'\].*checkpointed as a whole.*\['plain'\]"):
+    analyze(plain, ws[0], x, policy={'nope': cp.everything_saveable})
+
+
 def test_blocks_under_scan_carry_trip_counts():
   ws, x = _params(4, num_layers=5)
   report = analyze(_scanned(rx.checkpoint, rx.checkpoint_name), ws, x, policy=cp.dots_saveable)
