@@ -118,6 +118,83 @@ def test_the_whole_function_block_is_named_after_the_function():
     analyze(plain, ws[0], x, policy={'nope': cp.everything_saveable})
 
 
+def _nested(ck, outer_policy=None, inner_policy=None):
+  """Layers that are an outer block around an inner one."""
+  def inner(w, x):
+    return jnp.tanh(x @ w)
+
+  def outer(w, x):
+    return jnp.sin(ck(inner, policy=inner_policy)(w, x) @ w.T)
+
+  def model(ws, x):
+    for w in ws:
+      x = ck(outer, policy=outer_policy)(w, x)
+    return jnp.sum(x ** 2)
+  return model
+
+
+def _backward_flops_of_jax(f, ws, x):
+  """FLOPs of the backward pass JAX itself builds for `f` (``jax.vjp`` with
+  respect to `ws`, as ``analyze``'s default ``argnums=0``)."""
+  from remat_explorer.analysis.flops import jaxpr_flops
+  out, vjp = jax.vjp(lambda ws: f(ws, x), ws)
+  return jaxpr_flops(jax.make_jaxpr(vjp)(jnp.ones_like(out)))
+
+
+NESTED_POLICIES = [
+    (cp.nothing_saveable, cp.nothing_saveable),
+    (cp.nothing_saveable, cp.dots_saveable),
+    (cp.nothing_saveable, cp.everything_saveable),
+    (cp.dots_saveable, cp.nothing_saveable),
+    (cp.everything_saveable, cp.nothing_saveable),
+]
+
+
+@pytest.mark.parametrize('ck', [rx.checkpoint, jax.checkpoint], ids=['ours', 'jax'])
+@pytest.mark.parametrize('outer_policy,inner_policy', NESTED_POLICIES,
+                         ids=lambda p: describe_policy(p))
+def test_nested_blocks_recompute_what_differentiation_recomputes(ck, outer_policy, inner_policy):
+  """Each block's own split, nested ones included: the recompute of all
+  blocks together is exactly the backward pass's FLOPs beyond those of
+  saving everything, as JAX builds that backward pass for the same program."""
+  ws, x = _params(11, num_layers=2, width=int(np.random.default_rng(11).integers(8, 24)))
+  program = _nested(ck)
+  report = analyze(program, ws, x, policy={'outer': outer_policy, 'inner': inner_policy})
+  written_in = _nested(jax.checkpoint, outer_policy, inner_policy)
+  assert report.backward_flops == _backward_flops_of_jax(written_in, ws, x)
+  saving_everything = _backward_flops_of_jax(
+      _nested(jax.checkpoint, cp.everything_saveable, cp.everything_saveable), ws, x)
+  assert report.recompute_flops == report.backward_flops - saving_everything
+  assert all(b.differentiated for b in report.blocks)
+  passes = {b.name: (b.parent, b.split_pass) for b in report.blocks}
+  assert passes == {'outer': (None, 'forward'), 'inner': ('outer', 'backward'),
+                    'outer#2': (None, 'forward'), 'inner#2': ('outer#2', 'backward')}
+
+
+def test_nested_block_figures_follow_its_own_policy():
+  ws, x = _params(12, num_layers=2)
+  program = _nested(rx.checkpoint)
+  default = analyze(program, ws, x, policy=cp.nothing_saveable)
+  override = analyze(program, ws, x, policy={'inner': cp.everything_saveable})
+  inner, inner_saving = default.blocks[1], override.blocks[1]
+  assert inner.name == inner_saving.name == 'inner'
+  # Saving everything in the inner block removes its second recompute; the
+  # outer block's recompute still runs the inner block's known half once.
+  assert override.backward_flops < default.backward_flops
+  assert inner_saving.recompute_flops == 0 < inner.recompute_flops
+  assert 'dot_general' in {e.primitive for e in inner.recomputed}
+  assert 'tanh' in {r.primitive for r in inner_saving.residuals}
+  assert 'tanh' not in {r.primitive for r in inner.residuals}
+  outer = default.blocks[0]
+  nested_dots = [e for e in outer.recomputed if e.inside is not None
+                 and e.primitive == 'dot_general']
+  assert len(nested_dots) == 1 and nested_dots[0].index is None
+  assert default.recompute_flops - override.recompute_flops == (
+      default.backward_flops - override.backward_flops)
+  # The forward pass keeps the same: the outer policy decides that.
+  assert _report_lines(default) == _report_lines(override)
+
+
 def test_blocks_under_scan_carry_trip_counts():
   ws, x = _params(4, num_layers=5)
   report = analyze(_scanned(rx.checkpoint, rx.checkpoint_name), ws, x, policy=cp.dots_saveable)

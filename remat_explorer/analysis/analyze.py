@@ -8,7 +8,9 @@ The steps, in order:
 2. Differentiate it symbolically (``jax.vjp`` under ``jax.make_jaxpr``) while
    recording every split the engine takes (``observe_splits``): the forward
    and backward jaxprs are the ones JAX would run, and each block's split is
-   the very one differentiation used, not a second computation of it.
+   the very one differentiation used, not a second computation of it. A
+   block nested in another takes its own split while the backward pass is
+   traced (when its parent's recompute runs), so both passes are observed.
 3. Describe: residuals and their origins (as ``saved_residuals`` words them),
    per block what is saved and recomputed, FLOPs of everything.
 4. For a sharded program (arguments on a mesh, ``in_shardings``,
@@ -33,7 +35,7 @@ from remat_explorer.analysis.report import (
     BlockReport, EquationCost, RecomputedEquation, RematReport, Residual)
 from remat_explorer.analysis.policy_info import policy_warnings
 from remat_explorer.engine import _jax_internals as jx
-from remat_explorer.engine.primitive import observe_splits
+from remat_explorer.engine.primitive import checkpoint_p, observe_splits
 from remat_explorer.engine.residuals import ResidualOrigin, residual_origins
 
 core = jx.core
@@ -88,18 +90,21 @@ def _analyze(problem, policy, lowering) -> RematReport:
   with observe_splits() as records:
     forward_jaxpr, (out_shapes, vjp_shapes) = jax.make_jaxpr(
         forward, return_shape=True)(problem.diff_leaves, problem.other_leaves)
-  backward_jaxpr = _backward_jaxpr(vjp_shapes, out_shapes)
+    num_forward_splits = len(records)
+    # A block nested in another takes its own split only here, when the
+    # backward pass runs its parent's recompute.
+    backward_jaxpr = _backward_jaxpr(vjp_shapes, out_shapes)
 
   num_outs = len(jax.tree_util.tree_leaves(out_shapes))
   fwd = forward_jaxpr.jaxpr
   residual_jaxpr = fwd.replace(outvars=fwd.outvars[num_outs:])
   arg_names = problem.diff_names + problem.other_names
-  block_of_equation = _equation_to_block(records, blocks, fwd)
+  block_of_equation = _equation_to_block(records[:num_forward_splits], blocks, fwd)
   origins = residual_origins(residual_jaxpr, arg_names)
   residuals = tuple(_residual(i, origin, block_of_equation, jaxpr=residual_jaxpr)
                     for i, origin in enumerate(origins))
 
-  block_reports = _block_reports(blocks, records)
+  block_reports = _block_reports(blocks, records, num_forward_splits)
   placement = sharding.find_placement(problem.leaves, program)
   if placement is not None:
     residuals, block_reports, placement = _per_device(
@@ -144,7 +149,10 @@ def _per_device(forward_jaxpr, num_outs, problem, residual_jaxpr, origins,
   shardings = [None if k is None else by_position[k]
                for k in sharding.residual_positions(residual_jaxpr, origins)]
   residuals = tuple(map(sharding.with_sharding, residuals, shardings))
-  block_reports = tuple(dataclasses.replace(
+  # A nested block's own residuals are kept within the backward pass, not
+  # from the forward pass: none of the forward pass's outputs tells their
+  # sharding, so they are left without one.
+  block_reports = tuple(b if b.split_pass != 'forward' else dataclasses.replace(
       b, residuals=sharding.block_residuals_with_shardings(
           b.residuals, b.path, residuals, shardings)) for b in block_reports)
   return residuals, block_reports, placement
@@ -208,16 +216,37 @@ def _equation_to_block(records, blocks, forward_jaxpr):
   return block_of
 
 
-def _block_reports(blocks: list[BlockSite], records) -> tuple[BlockReport, ...]:
-  last_record = {}
-  for record in records:
-    last_record[id(record.block)] = record
+def _block_reports(blocks: list[BlockSite], records,
+                   num_forward_splits) -> tuple[BlockReport, ...]:
+  last = {}
+  for position, record in enumerate(records):
+    last[id(record.block)] = (record, position < num_forward_splits)
+  nested = _NestedSplits(records[num_forward_splits:])
   names = {b.index: b.name for b in blocks}
-  return tuple(_block_report(site, last_record.get(id(site.body)), names)
+  return tuple(_block_report(site, *last.get(id(site.body), (None, None)), names,
+                             nested)
                for site in blocks)
 
 
-def _block_report(site: BlockSite, record, names) -> BlockReport:
+class _NestedSplits:
+  """The backward pass's splits of nested blocks, found from the call that
+  their parent's split left in its staged half (the records' lineage holds
+  that call's body)."""
+
+  def __init__(self, backward_records):
+    self._by_body = {}
+    for record in backward_records:
+      for jaxpr in record.lineage[:-1]:
+        self._by_body.setdefault(id(jaxpr), record)
+    self._records = backward_records  # keeps the ids above alive
+
+  def of(self, body):
+    record = self._by_body.get(id(body))
+    return None if record is None else record.split
+
+
+def _block_report(site: BlockSite, record, on_forward_pass, names,
+                  nested: _NestedSplits) -> BlockReport:
   common = dict(
       name=site.name, function=site.function, path=site.path,
       trip_count=site.trip_count, library=site.library,
@@ -244,7 +273,7 @@ def _block_report(site: BlockSite, record, names) -> BlockReport:
       if used and not unknown]
   residuals = tuple(_residual(i, o, block=site.name, jaxpr=residual_part)
                     for i, o in enumerate(origins))
-  recomputed = tuple(_recomputed_equations(split, record.in_unknowns))
+  recomputed = tuple(_recomputed_equations(split, record.in_unknowns, nested))
   return BlockReport(
       **common, differentiated=True, residuals=residuals,
       residual_bytes=sum(r.bytes for r in residuals), recomputed=recomputed,
@@ -252,7 +281,8 @@ def _block_report(site: BlockSite, record, names) -> BlockReport:
       known_jaxpr=split.known, staged_jaxpr=split.staged,
       in_unknowns=tuple(record.in_unknowns), num_residuals=split.num_residuals,
       known_inputs_used=tuple(split.known_inputs_used),
-      staged_inputs_used=tuple(split.staged_inputs_used))
+      staged_inputs_used=tuple(split.staged_inputs_used),
+      split_pass='forward' if on_forward_pass else 'backward')
 
 
 def _block_input_names(record) -> list[str]:
@@ -263,22 +293,105 @@ def _block_input_names(record) -> list[str]:
   return names
 
 
-def _recomputed_equations(split, in_unknowns):
-  """Equations of the staged half that do not depend on (co)tangents."""
+def _recomputed_equations(split, in_unknowns, nested):
+  """Equations of the staged half that do not depend on (co)tangents: what
+  the backward pass runs again for this block."""
   staged = split.staged
   used_unknowns = [u for u, used in zip(in_unknowns, split.staged_inputs_used) if used]
   unknown_inputs = staged.invars[split.num_residuals:]
-  depends_on_tangents = {v for v, u in zip(unknown_inputs, used_unknowns) if u}
-  for index, eqn in enumerate(staged.eqns):
-    if any(isinstance(v, core.Var) and v in depends_on_tangents for v in eqn.invars):
-      depends_on_tangents.update(eqn.outvars)
+  tangents = {v for v, u in zip(unknown_inputs, used_unknowns) if u}
+  return _tangent_free_equations(staged, tangents, None, nested)
+
+
+# Equations whose one sub-jaxpr takes their inputs and gives their outputs,
+# in order, with the parameter holding it.
+_CALL_JAXPR_PARAMS = {'checkpoint': 'jaxpr', 'jit': 'jaxpr', 'pjit': 'jaxpr',
+                      'closed_call': 'call_jaxpr', 'core_call': 'call_jaxpr'}
+
+
+def _tangent_free_equations(jaxpr, tangents: set, inside: int | None, nested,
+                            trips: int = 1):
+  """The equations of `jaxpr` that read no (co)tangent, given the variables
+  in `tangents` (which grows as the walk goes), each run `trips` times.
+
+  A call or ``scan`` in the staged half that also reads tangents is looked
+  into. For a ``jit`` or a ``scan``, the part of its body that reads no
+  tangent is recomputed here (a scan's as many times as it runs). For a
+  nested block (split with this one, by this block's policy), what runs
+  here is the known half of the block's own split, taken when the backward
+  pass reaches it: the work it needs for its outputs and for what its own
+  policy saves. What that policy does not save it recomputes once more
+  later, in its own backward step; its own report counts that, so nothing
+  is counted twice. Only the outputs that depend on tangents make later
+  equations tangent-dependent.
+  """
+  for index, eqn in enumerate(jaxpr.eqns):
+    reads = [isinstance(v, core.Var) and v in tangents for v in eqn.invars]
+    where = index if inside is None else inside
+    if not any(reads):
+      yield _recomputed(eqn, index if inside is None else None, inside, trips)
       continue
-    yield RecomputedEquation(
-        primitive=eqn.primitive.name,
-        outputs=', '.join(v.aval.str_short(short_dtypes=True) for v in eqn.outvars),
-        flops=flop_count.eqn_flops(eqn),
-        source=jx.source_info_util.summarize(eqn.source_info),
-        name=jx.name_of_named_value(eqn), index=index)
+    body, body_reads, length = _looked_into(eqn, reads, nested)
+    if body is None:
+      tangents.update(eqn.outvars)
+      continue
+    body_tangents = {v for v, read in zip(body.invars, body_reads) if read}
+    found = list(_tangent_free_equations(body, body_tangents, where, nested,
+                                         trips * length))
+    own_split = nested.of(body) if eqn.primitive is checkpoint_p else None
+    if own_split is not None:
+      found = [_recomputed(e, None, where, trips) for e in own_split.known.eqns]
+    yield from found
+    tangents.update(o for o, b in zip(eqn.outvars, body.outvars)
+                    if isinstance(b, core.Var) and b in body_tangents)
+
+
+def _looked_into(eqn, reads, nested):
+  """(body, which body inputs carry tangents, trip count) of a call or scan
+  whose body's outputs are the equation's, in order; (None, None, 0) else."""
+  if eqn.primitive.name == 'scan':
+    return (*_scan_body_reads(eqn, reads, nested), eqn.params['length'])
+  body = _call_body(eqn)
+  return (None, None, 0) if body is None else (body, reads, 1)
+
+
+def _scan_body_reads(eqn, reads, nested):
+  """A scan's body and which of its inputs carry tangents: a carry does if
+  it enters with one or any iteration gives it one (a fixed point)."""
+  body = eqn.params['jaxpr'].jaxpr
+  first, num_carry = eqn.params['num_consts'], eqn.params['num_carry']
+  carry = slice(first, first + num_carry)
+  while True:
+    body_tangents = {v for v, read in zip(body.invars, reads) if read}
+    for _ in _tangent_free_equations(body, body_tangents, None, nested):
+      pass  # walked for the tangents it finds
+    carry_out = [isinstance(o, core.Var) and o in body_tangents
+                 for o in body.outvars[:num_carry]]
+    updated = [*reads[:first], *map(max, reads[carry], carry_out),
+               *reads[carry.stop:]]
+    if updated == reads:
+      return body, reads
+    reads = updated
+
+
+def _recomputed(eqn, index, inside, trips) -> RecomputedEquation:
+  return RecomputedEquation(
+      primitive=eqn.primitive.name,
+      outputs=', '.join(v.aval.str_short(short_dtypes=True) for v in eqn.outvars),
+      flops=flop_count.eqn_flops(eqn) * trips,
+      source=jx.source_info_util.summarize(eqn.source_info),
+      name=jx.name_of_named_value(eqn), index=index, inside=inside)
+
+
+def _call_body(eqn):
+  param = _CALL_JAXPR_PARAMS.get(eqn.primitive.name)
+  body = eqn.params.get(param) if param else None
+  body = getattr(body, 'jaxpr', body)  # a ClosedJaxpr's jaxpr
+  if (not isinstance(body, core.Jaxpr) or body.constvars
+      or len(body.invars) != len(eqn.invars)
+      or len(body.outvars) != len(eqn.outvars)):
+    return None
+  return body
 
 
 def _equation_costs(closed) -> tuple[EquationCost, ...]:

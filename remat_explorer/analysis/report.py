@@ -59,10 +59,17 @@ class RecomputedEquation:
   outputs: str
   """Output types, e.g. ``f32[256,512]``."""
   flops: int
+  """Per run of the block; one inside a ``scan`` of the block counts every
+  iteration."""
   source: str | None
   name: str | None = None
   index: int | None = None
-  """Its position among the block's staged (backward) equations."""
+  """Its position among the block's staged (backward) equations; None for
+  one inside a call there (see ``inside``)."""
+  inside: int | None = None
+  """For an equation inside a call of the staged half (a nested block, or a
+  ``jit``) that also reads (co)tangents: that call's position among the
+  staged equations."""
 
 
 @dataclass(frozen=True)
@@ -79,9 +86,16 @@ class BlockReport:
   parent: str | None
   source: str | None
   differentiated: bool
-  """Whether differentiation split this block (False, e.g., for blocks on a
-  path that no differentiated input reaches, or nested in another block,
-  whose policy then decides)."""
+  """Whether differentiation split this block with its own policy (False
+  for a block that no differentiated input reaches). A block nested in
+  another is split twice: first as part of its parent, by the parent's
+  policy, which decides what the forward pass keeps of it (the parent's
+  report shows that, and counts the nested block's work that the parent's
+  recompute runs); then, by its own policy, when the backward pass runs
+  the parent's recompute. Its report is that second split (``split_pass``
+  is ``'backward'``): its residuals are held from the parent's recompute to
+  its own backward step, not from the forward pass, and its recompute runs
+  on top of the parent's."""
   residuals: tuple[Residual, ...]
   residual_bytes: int
   """Per run of the block."""
@@ -100,6 +114,11 @@ class BlockReport:
   """For each known block input, whether the known jaxpr reads it."""
   staged_inputs_used: tuple[bool, ...] = ()
   """For each block input, whether the staged jaxpr reads it."""
+  split_pass: str | None = None
+  """Which pass took the split this report describes: ``'forward'`` (a block
+  not nested in another: its residuals live from the forward pass to the
+  backward pass), ``'backward'`` (a nested block, see ``differentiated``),
+  or None when it was not split."""
 
   @property
   def residual_bytes_per_device(self) -> int:

@@ -148,6 +148,12 @@ pe.custom_partial_eval_rules[checkpoint_p] = _partial_eval
 # The analysis layer asks "what did differentiation do to each block?" rather
 # than redoing it: while `observe_splits()` is active, every split taken by
 # the partial-eval rule is recorded, with the user's block it derives from.
+# A block nested in another is split twice: with its parent, by the parent's
+# policy (JAX's call rule, `_partial_eval_custom`), and again by its own
+# policy when the backward pass runs the parent's recompute (`_transpose`
+# partially evaluates the parent's staged body). Only the second goes through
+# `_partial_eval`; the halves of the first are noted as derived from the
+# block, so that the second is recorded as the block's.
 
 @dataclasses.dataclass(frozen=True)
 class SplitRecord:
@@ -158,6 +164,10 @@ class SplitRecord:
   in_unknowns: tuple[bool, ...]
   split: object
   params: dict
+  lineage: tuple = ()
+  """``jaxpr``, then each jaxpr it was derived from (by JVP, vmap, DCE, or
+  a split from outside), ending with ``block``: what lets the analysis find
+  a nested block's own split from the call its parent's split left behind."""
 
 
 class _SplitObserver:
@@ -166,10 +176,12 @@ class _SplitObserver:
     self.derived_from: dict[int, core.Jaxpr] = {}
     self._keep_alive: list = []  # so that ids stay unique while observing
 
-  def origin(self, jaxpr):
-    while id(jaxpr) in self.derived_from:
-      jaxpr = self.derived_from[id(jaxpr)]
-    return jaxpr
+  def lineage(self, jaxpr) -> tuple:
+    chain = [jaxpr]
+    while (id(chain[-1]) in self.derived_from
+           and not any(j is self.derived_from[id(chain[-1])] for j in chain)):
+      chain.append(self.derived_from[id(chain[-1])])
+    return tuple(chain)
 
 
 _observers = threading.local()
@@ -191,6 +203,8 @@ def observe_splits():
 
 
 def _note_derived(new_jaxpr, from_jaxpr):
+  if new_jaxpr is from_jaxpr:
+    return
   for observer in _active_observers():
     observer.derived_from[id(new_jaxpr)] = from_jaxpr
     observer._keep_alive.append(new_jaxpr)
@@ -198,8 +212,9 @@ def _note_derived(new_jaxpr, from_jaxpr):
 
 def _note_split(jaxpr, in_unknowns, split, params):
   for observer in _active_observers():
+    lineage = observer.lineage(jaxpr)
     observer.records.append(SplitRecord(
-        observer.origin(jaxpr), jaxpr, tuple(in_unknowns), split, dict(params)))
+        lineage[-1], jaxpr, tuple(in_unknowns), split, dict(params), lineage))
 
 
 def _check_effects_can_be_split(jaxpr):
@@ -265,9 +280,19 @@ def _partial_eval_custom_params(unks_in, inst_in, kept_outs_known, inst_out,
     params_staged = dict(params_staged, prevent_cse=tuple(staged_cse))
   return params_known, dict(params_staged, differentiated=True)
 
-pe.partial_eval_jaxpr_custom_rules[checkpoint_p] = (
-    lambda *args, **kwargs: pe.call_partial_eval_custom_rule(
-        'jaxpr', _partial_eval_custom_params, *args, **kwargs))
+def _partial_eval_custom(saveable, unks_in, inst_in, eqn, **kwargs):
+  """JAX's rule for a call split from outside, noting that the staged half's
+  body derives from the block's: when the backward pass later splits that
+  half with the block's own policy (``_transpose`` of the enclosing block),
+  the split is recorded as this block's."""
+  eqn_known, eqn_staged, *rest = pe.call_partial_eval_custom_rule(
+      'jaxpr', _partial_eval_custom_params, saveable, unks_in, inst_in, eqn,
+      **kwargs)
+  if eqn_staged is not None:
+    _note_derived(eqn_staged.params['jaxpr'], eqn.params['jaxpr'])
+  return (eqn_known, eqn_staged, *rest)
+
+pe.partial_eval_jaxpr_custom_rules[checkpoint_p] = _partial_eval_custom
 
 
 # -- transpose ----------------------------------------------------------------
@@ -370,6 +395,7 @@ def _dce(used_outputs, eqn):
   prevent_cse = eqn.params['prevent_cse']
   if isinstance(prevent_cse, tuple):
     prevent_cse = tuple(c for c, used in zip(prevent_cse, used_inputs) if used)
+  _note_derived(jaxpr, eqn.params['jaxpr'])
   invars = [v for v, used in zip(eqn.invars, used_inputs) if used]
   outvars = [v for v, used in zip(eqn.outvars, used_outputs) if used]
   new_eqn = pe.new_jaxpr_eqn(
