@@ -163,7 +163,7 @@ def _fsdp_mlp(mesh, seed, policy, lowering='cond'):
 
 
 def _hlo_collectives(loss, args):
-  text = jax.jit(jax.grad(loss)).lower(*args).compile().as_text()
+  text = jax.jit(jax.value_and_grad(loss)).lower(*args).compile().as_text()
   return len(re.findall(rf'\s({"|".join(KINDS)})(-done)?\(', text))
 
 

@@ -33,7 +33,7 @@ def test_compiled_memory_and_flops_equal_jax_checkpoint(policy):
   ours, args = _mlp(policy=policy)
   theirs, _ = _mlp(ck=jax.checkpoint, policy=policy)
   costs = compile_costs(ours, *args)
-  compiled = jax.jit(jax.grad(theirs)).lower(*args).compile()
+  compiled = jax.jit(jax.value_and_grad(theirs)).lower(*args).compile()
   memory = compiled.memory_analysis()
   assert costs.temp_bytes == memory.temp_size_in_bytes
   assert costs.argument_bytes == memory.argument_size_in_bytes
@@ -41,6 +41,27 @@ def test_compiled_memory_and_flops_equal_jax_checkpoint(policy):
   assert costs.xla_flops == pytest.approx(compiled.cost_analysis()['flops'], rel=0.01)
   assert costs.device_kind == jax.devices()[0].device_kind
   assert costs.compile_seconds > 0 and not costs.failed
+
+
+def test_a_checkpointed_last_block_is_recomputed_in_the_compiled_step():
+  """A training step computes the loss as well as its gradient, so the
+  forward matmul of a checkpointed last block is live and its recompute is
+  extra work; under ``grad`` alone XLA drops the forward copy as dead code
+  and the step looks like no remat. ``lowering='cond'`` keeps XLA from
+  merging the recompute with the forward copy (the CPU pipeline does merge
+  it under the default barrier)."""
+  rng = np.random.default_rng(7)
+  n, d = (int(v) for v in rng.integers(8, 40, size=2))
+  x = jnp.asarray(rng.standard_normal((n, d)), jnp.float32)
+  w = jnp.asarray(rng.standard_normal((d, d)), jnp.float32)
+  f = lambda w: jnp.sum(rx.checkpoint(lambda w: jnp.tanh(x @ w))(w))
+  remat = compile_costs(f, w, lowering='cond')
+  plain = compile_costs(f, w, policy=NO_REMAT)
+  assert remat.lowered_matmuls == plain.lowered_matmuls + 1
+  assert remat.compiled_matmuls == plain.compiled_matmuls + 1
+  assert remat.xla_flops - plain.xla_flops >= 2 * n * d * d
+  # The loss is an output: a scalar beside the gradient.
+  assert plain.output_bytes >= w.nbytes + 4
 
 
 def test_results_are_cached_and_run_when_asked():

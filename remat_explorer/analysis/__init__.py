@@ -4,7 +4,8 @@
   jaxprs, the residuals and their origins, per-block splits, recompute and
   FLOPs, from the very splits differentiation takes.
 * ``compile_costs(f, *args, policy=...) -> CompiledCosts``: XLA's compiled
-  memory, FLOPs and times for the gradient, and a memory timeline.
+  memory, FLOPs and times for the training step (the loss and its gradient),
+  and a memory timeline.
 * ``compare(f, *args) -> Comparison``: every policy side by side.
 * ``search_policy(f, *args, memory_budget=...) -> SearchResult``: a policy
   that fits a memory budget with the fewest FLOPs.

@@ -112,7 +112,8 @@ def compare(f, *args, policies: Mapping[str, Any] | Sequence | None = None,
             lowering: str | None = None, argnums=0, repeats: int = 0,
             include_no_remat: bool = True, progress: Progress | None = None,
             **kwargs) -> Comparison:
-  """Analyze and compile `f`'s gradient under each policy.
+  """Analyze and compile `f`'s training step (``compile_costs``) under each
+  policy.
 
   `policies`: a mapping label -> policy, a sequence of policies or of names
   of ``checkpoint_policies`` entries (``'dots_saveable'``), or ``None`` for

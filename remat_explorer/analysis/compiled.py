@@ -1,7 +1,8 @@
 """``compile_costs``: what XLA makes of a gradient under a policy, measured.
 
-The gradient (``grad`` for a scalar output, a VJP with a ones cotangent
-otherwise) is lowered and compiled with JAX's AOT API on the default device,
+The training step (``value_and_grad`` for a scalar output, a VJP with a
+ones cotangent otherwise, returning the outputs too) is lowered and
+compiled with JAX's AOT API on the default device,
 or, for a sharded program, on the devices its arguments and shardings name;
 every number here comes from the compiled executable (``memory_analysis``,
 ``cost_analysis``, its HLO text) or from running it. Nothing is estimated.
@@ -33,7 +34,8 @@ from remat_explorer.analysis.timeline import MemoryTimeline, memory_timeline_fro
 
 @dataclass(frozen=True)
 class CompiledCosts:
-  """XLA's own figures for one compiled gradient. Sizes in bytes.
+  """XLA's own figures for one compiled training step (outputs and
+  gradients). Sizes in bytes.
 
   For a program partitioned over several devices, every memory figure and
   ``xla_flops`` are per device: XLA's ``memory_analysis`` and
@@ -135,12 +137,13 @@ def compile_costs(f, *args, policy: PolicyChoice = None, lowering: str | None = 
                   argnums: int | tuple[int, ...] = 0, donate_argnums=(),
                   repeats: int = 0, compiler_options: dict | None = None,
                   **kwargs) -> CompiledCosts:
-  """Compile the gradient of `f` at `args` and report XLA's figures.
+  """Compile `f`'s training step at `args`, its outputs and their gradient
+  (``gradient_function``), and report XLA's figures.
 
   `policy`, `lowering` and `argnums` mean what they mean for ``analyze``
   (``NO_REMAT`` as the policy gives the no-remat baseline). `donate_argnums`
   is passed to ``jax.jit``, so donated buffers show as aliased memory.
-  With `repeats` > 0 the gradient is also run: the median time of `repeats`
+  With `repeats` > 0 the step is also run: the median time of `repeats`
   runs after a warm-up, and the device's measured peak where it reports one.
   A compile that XLA refuses (out of memory, ...) gives a ``CompiledCosts``
   with ``failed=True`` and XLA's message. A sharded program (see
@@ -177,9 +180,16 @@ def _leaf_positions(problem, donate_argnums) -> tuple[int, ...]:
 
 
 def gradient_function(run_program, problem):
-  """The function compiled: ``jax.grad`` when the function returns one float
-  scalar (exactly what a training step differentiates), else the VJP with a
-  ones cotangent, returning the outputs and the gradients."""
+  """The function compiled: ``jax.value_and_grad`` when the function returns
+  one float scalar (the loss and its gradient, as a training step computes
+  them), else the VJP with a ones cotangent, returning the outputs and the
+  gradients.
+
+  The outputs are returned in both cases because a training step uses them:
+  with ``grad`` alone, XLA removes forward work that only feeds the loss
+  value, and with it, for a checkpointed last block, the forward copy of
+  what the backward pass recomputes, which hides that block's remat cost.
+  """
   def split(leaves):
     diff = [x for x, d in zip(leaves, problem.diff_mask) if d]
     other = [x for x, d in zip(leaves, problem.diff_mask) if not d]
@@ -187,10 +197,11 @@ def gradient_function(run_program, problem):
 
   outs = jax.eval_shape(run_program, *problem.leaves)
   if len(outs) == 1 and outs[0].shape == () and _differentiable(outs[0]):
-    def grad_step(*leaves):
+    def value_and_grad_step(*leaves):
       diff, primal = split(leaves)
-      return jax.grad(lambda *d: primal(*d)[0], argnums=tuple(range(len(diff))))(*diff)
-    return grad_step
+      return jax.value_and_grad(lambda *d: primal(*d)[0],
+                                argnums=tuple(range(len(diff))))(*diff)
+    return value_and_grad_step
 
   def vjp_step(*leaves):
     diff, primal = split(leaves)
