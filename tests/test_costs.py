@@ -84,6 +84,20 @@ def test_donated_arguments_show_as_aliased_memory():
   assert donated.alias_bytes == 64 * 64 * 4
 
 
+def test_donate_argnums_are_checked_like_argnums():
+  rng = np.random.default_rng(5)
+  d = int(rng.integers(8, 48))
+  step = lambda w, x: jnp.sum(jnp.tanh(x @ w) ** 2)
+  w = jnp.asarray(rng.standard_normal((d, d)), jnp.float32)
+  x = jnp.asarray(rng.standard_normal((4, d)), jnp.float32)
+  with pytest.raises(ValueError, match=r'donate_argnums=\(5,\) is out of range for 2 positional'):
+    compile_costs(step, w, x, donate_argnums=(5,))
+  with pytest.raises(ValueError, match=r'donate_argnums=\(0, -3\) is out of range for 2'):
+    compile_costs(step, w, x, donate_argnums=(0, -3))
+  # A negative position counts from the end, as in jax.jit.
+  assert compile_costs(step, w, x, donate_argnums=-2).alias_bytes == w.nbytes
+
+
 def test_a_failed_compile_is_data_with_xla_message():
   program, args = _mlp(seed=4)
   costs = compile_costs(program, *args, compiler_options={'xla_no_such_option': True})

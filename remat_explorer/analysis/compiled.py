@@ -25,7 +25,7 @@ import numpy as np
 
 from remat_explorer.analysis.collectives import Collective, collectives_in_hlo
 from remat_explorer.analysis.collectives import count as count_collectives
-from remat_explorer.analysis.problem import Problem
+from remat_explorer.analysis.problem import Problem, check_positions
 from remat_explorer.analysis.program import PolicyChoice, policy_label
 from remat_explorer.analysis.sharding import compiled_placement, find_placement
 from remat_explorer.engine import _jax_internals as jx
@@ -141,8 +141,10 @@ def compile_costs(f, *args, policy: PolicyChoice = None, lowering: str | None = 
   (``gradient_function``), and report XLA's figures.
 
   `policy`, `lowering` and `argnums` mean what they mean for ``analyze``
-  (``NO_REMAT`` as the policy gives the no-remat baseline). `donate_argnums`
-  is passed to ``jax.jit``, so donated buffers show as aliased memory.
+  (``NO_REMAT`` as the policy gives the no-remat baseline).
+  `donate_argnums`: positional arguments (negative ones count from the
+  end) whose every leaf is donated to ``jax.jit``, so donated buffers show
+  as aliased memory; a position out of range is a ``ValueError``.
   With `repeats` > 0 the step is also run: the median time of `repeats`
   runs after a warm-up, and the device's measured peak where it reports one.
   A compile that XLA refuses (out of memory, ...) gives a ``CompiledCosts``
@@ -152,7 +154,8 @@ def compile_costs(f, *args, policy: PolicyChoice = None, lowering: str | None = 
   argument shapes and dtypes, policy, lowering and device.
   """
   problem = Problem.make(f, args, kwargs, argnums)
-  donate = (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)
+  donate = check_positions(donate_argnums, len(args), 'donate_argnums',
+                           allow_empty=True)
   key = problem.cache_key(policy, lowering, donate, repeats,
                           tuple(sorted((compiler_options or {}).items())))
   cached = _cache.get(key) if key is not None else None

@@ -109,13 +109,22 @@ class Problem:
 
 
 def _check_argnums(argnums, num_args) -> tuple[int, ...]:
-  argnums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
-  if not argnums or not all(isinstance(i, int) and -num_args <= i < num_args
-                            for i in argnums):
+  return check_positions(argnums, num_args, 'argnums')
+
+
+def check_positions(positions, num_args, name: str,
+                    allow_empty: bool = False) -> tuple[int, ...]:
+  """Positional-argument indices (an int or a sequence; negative ones count
+  from the end), sorted and made non-negative; a clear error naming `name`
+  and the argument count when one is out of range."""
+  positions = (positions,) if isinstance(positions, int) else tuple(positions)
+  if ((not positions and not allow_empty)
+      or not all(isinstance(i, int) and -num_args <= i < num_args
+                 for i in positions)):
     raise ValueError(
-        f'argnums={argnums} is out of range for {num_args} positional '
+        f'{name}={positions} is out of range for {num_args} positional '
         f'argument(s); use positions between 0 and {num_args - 1}.')
-  return tuple(sorted({i % num_args for i in argnums}))
+  return tuple(sorted({i % num_args for i in positions}))
 
 
 def _is_array_like(x) -> bool:
