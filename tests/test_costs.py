@@ -1,5 +1,6 @@
 """``compile_costs``, ``compare`` and ``search_policy``: XLA's own numbers."""
 
+import base64
 import json
 
 import jax
@@ -62,6 +63,35 @@ def test_a_checkpointed_last_block_is_recomputed_in_the_compiled_step():
   assert remat.xla_flops - plain.xla_flops >= 2 * n * d * d
   # The loss is an output: a scalar beside the gradient.
   assert plain.output_bytes >= w.nbytes + 4
+
+
+def test_every_figure_of_the_aot_api_is_recorded():
+  """What ``measure`` records equals what ``memory_analysis()`` and
+  ``cost_analysis()`` return for the same program, compiled again (XLA's
+  compile is deterministic)."""
+  from remat_explorer.analysis.compiled import measure
+  program, (ws, x) = _mlp(num_layers=3, width=int(np.random.default_rng(3).integers(16, 64)),
+                          seed=3, ck=jax.checkpoint)
+  step = jax.value_and_grad(program)
+  leaves = jax.tree_util.tree_leaves((ws, x))
+  flat_step = lambda *leaves: step(*jax.tree_util.tree_unflatten(
+      jax.tree_util.tree_structure((ws, x)), leaves))
+  costs = measure(flat_step, leaves, function='mlp', policy='p', lowering='barrier')
+  compiled = jax.jit(flat_step).lower(*leaves).compile()
+  memory, cost = compiled.memory_analysis(), compiled.cost_analysis()
+  numbers = {name: getattr(memory, name) for name in dir(memory)
+             if not name.startswith('_') and isinstance(getattr(memory, name), int)}
+  assert 'host_generated_code_size_in_bytes' in numbers
+  assert costs.memory_analysis == numbers
+  assert costs.host_generated_code_bytes == memory.host_generated_code_size_in_bytes
+  assert costs.peak_memory_bytes == memory.peak_memory_in_bytes
+  assert costs.buffer_assignment_proto == memory.serialized_buffer_assignment_proto
+  assert costs.cost_analysis == cost and len(cost) > 3
+  assert (costs.xla_flops, costs.bytes_accessed, costs.transcendentals) == (
+      cost['flops'], cost['bytes accessed'], cost['transcendentals'])
+  data = json.loads(json.dumps(costs.to_dict()))
+  assert data['cost_analysis'] == cost and data['memory_analysis'] == numbers
+  assert base64.b64decode(data['buffer_assignment_proto']) == costs.buffer_assignment_proto
 
 
 def test_results_are_cached_and_run_when_asked():

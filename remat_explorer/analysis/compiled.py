@@ -14,6 +14,9 @@ are per device, and its HLO holds the collectives (``collectives.py``).
 
 from __future__ import annotations
 
+import base64
+import dataclasses
+import numbers as numbers_module
 import re
 import statistics
 import time
@@ -62,11 +65,26 @@ class CompiledCosts:
   host_output_bytes: int | None = None
   host_alias_bytes: int | None = None
   host_temp_bytes: int | None = None
+  host_generated_code_bytes: int | None = None
+  memory_analysis: dict[str, int] = field(default_factory=dict, repr=False,
+                                         compare=False)
+  """Every number ``memory_analysis()`` returns, by its own name (the fields
+  above among them, and any a later XLA adds)."""
+  buffer_assignment_proto: bytes | None = field(default=None, repr=False,
+                                                compare=False)
+  """``memory_analysis().serialized_buffer_assignment_proto``: XLA's buffer
+  assignment, serialized (base64 in ``to_dict``)."""
   xla_flops: float | None = None
   """``cost_analysis()['flops']`` of the partitioned module: one device's
   FLOPs. XLA counts a while-loop body once."""
   bytes_accessed: float | None = None
   transcendentals: float | None = None
+  cost_analysis: dict[str, float] = field(default_factory=dict, repr=False,
+                                          compare=False)
+  """Everything ``cost_analysis()`` returns, by XLA's keys: besides the
+  three above, e.g. ``'bytes accessed0{}'`` (bytes read from operand 0),
+  ``'bytes accessedout{}'``, ``'utilization0{}'``, ``'optimal_seconds'``,
+  as the backend reports them."""
   lower_seconds: float | None = None
   compile_seconds: float | None = None
   run_seconds: float | None = None
@@ -123,7 +141,10 @@ class CompiledCosts:
 
   def to_dict(self) -> dict:
     from remat_explorer.analysis.report import _plain
-    out = _plain(self)
+    out = _plain(dataclasses.replace(self, buffer_assignment_proto=None))
+    if self.buffer_assignment_proto is not None:
+      out['buffer_assignment_proto'] = base64.b64encode(
+          self.buffer_assignment_proto).decode('ascii')
     out['timeline'] = None if self.timeline is None else self.timeline.to_dict()
     out['total_bytes'] = self.total_bytes
     out['peak_bytes'] = self.peak_bytes
@@ -237,8 +258,8 @@ def measure(step, leaves, *, function, policy, lowering, donate_argnums=(),
                          lower_seconds=lower_seconds)
   compile_seconds = time.perf_counter() - start
   memory = compiled.memory_analysis()
-  cost = compiled.cost_analysis() or {}
-  cost = cost[0] if isinstance(cost, list) else cost
+  memory_numbers, buffer_assignment = _memory_analysis_fields(memory)
+  cost = _cost_analysis(compiled)
   hlo = compiled.as_text()
   notes = []
   try:
@@ -261,14 +282,41 @@ def measure(step, leaves, *, function, policy, lowering, donate_argnums=(),
       host_output_bytes=memory.host_output_size_in_bytes,
       host_alias_bytes=memory.host_alias_size_in_bytes,
       host_temp_bytes=memory.host_temp_size_in_bytes,
+      host_generated_code_bytes=getattr(
+          memory, 'host_generated_code_size_in_bytes', None),
+      memory_analysis=memory_numbers, buffer_assignment_proto=buffer_assignment,
       xla_flops=cost.get('flops'), bytes_accessed=cost.get('bytes accessed'),
-      transcendentals=cost.get('transcendentals'),
+      transcendentals=cost.get('transcendentals'), cost_analysis=cost,
       lower_seconds=lower_seconds, compile_seconds=compile_seconds,
       run_seconds=run_seconds, measured_peak_bytes=measured_peak,
       lowered_matmuls=count_matmuls_lowered(lowered.as_text()),
       compiled_matmuls=count_matmuls_compiled(hlo),
       timeline=timeline, notes=tuple(notes), num_devices=devices.num_devices,
       mesh_shape=devices.mesh_shape, collectives=collectives)
+
+
+def _memory_analysis_fields(memory) -> tuple[dict[str, int], bytes | None]:
+  """Every number of XLA's ``CompiledMemoryStats`` by name, read from the
+  object itself so that fields a later XLA adds are kept too; and the
+  serialized buffer assignment."""
+  numbers, proto = {}, None
+  for name in dir(memory):
+    if name.startswith('_'):
+      continue
+    value = getattr(memory, name)
+    if isinstance(value, bytes):
+      proto = value if name == 'serialized_buffer_assignment_proto' else proto
+    elif isinstance(value, numbers_module.Number) and not isinstance(value, bool):
+      numbers[name] = int(value)
+  return numbers, proto
+
+
+def _cost_analysis(compiled) -> dict[str, float]:
+  """``cost_analysis()`` as a plain dict (one per program in older JAX
+  versions, whose first is this one), values as Python floats."""
+  cost = compiled.cost_analysis() or {}
+  cost = (cost[0] if cost else {}) if isinstance(cost, list) else cost
+  return {str(k): float(v) for k, v in cost.items()}
 
 
 def _collectives(hlo: str, notes: list[str]) -> tuple[Collective, ...]:
