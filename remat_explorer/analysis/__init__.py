@@ -30,7 +30,8 @@ from remat_explorer.analysis.policy_info import NO_REMAT, describe_policy
 from remat_explorer.analysis.report import (BlockReport, EquationCost,
                                             RecomputedEquation, RematReport,
                                             Residual)
-from remat_explorer.analysis.search import SaveChosen, SearchResult, search_policy
+from remat_explorer.analysis.search import (EquationSignature, SaveChosen,
+                                            SearchResult, search_policy)
 from remat_explorer.analysis.timeline import Buffer, MemoryTimeline
 
 __all__ = [
@@ -38,5 +39,6 @@ __all__ = [
     'EquationCost', 'compile_costs', 'CompiledCosts', 'MemoryTimeline', 'Buffer',
     'compare', 'Comparison', 'PolicyRow', 'builtin_policies', 'NO_REMAT',
     'describe_policy', 'search_policy', 'SearchResult', 'SaveChosen',
+    'EquationSignature',
     'residuals_at_peak', 'PeakResidual', 'Collective',
 ]

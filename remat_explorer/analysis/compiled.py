@@ -152,6 +152,14 @@ class CompiledCosts:
 
 
 _cache: dict = {}
+_compiles_run = [0]
+
+
+def compiles_run() -> int:
+  """XLA compiles ``measure`` has run in this process (failed ones too):
+  the difference over a stretch of work is what it really compiled, cached
+  results costing nothing."""
+  return _compiles_run[0]
 
 
 def compile_costs(f, *args, policy: PolicyChoice = None, lowering: str | None = None,
@@ -249,6 +257,7 @@ def measure(step, leaves, *, function, policy, lowering, donate_argnums=(),
   lowered = jax.jit(step, donate_argnums=donate_argnums).lower(*leaves)
   lower_seconds = time.perf_counter() - start
   start = time.perf_counter()
+  _compiles_run[0] += 1
   try:
     compiled = lowered.compile(compiler_options)
   except Exception as e:  # XLA's errors (out of memory, bad options, ...)

@@ -46,6 +46,8 @@ def describe_policy(policy) -> str:
   if isinstance(policy, ours.SaveFromBothPolicies):
     return (f'save_from_both_policies({describe_policy(policy.first)}, '
             f'{describe_policy(policy.second)})')
+  if hasattr(policy, 'checkpoint_names'):  # describes itself (SaveChosen)
+    return repr(policy)
   if dataclasses.is_dataclass(policy) and not isinstance(policy, type):
     return _describe_jax_dataclass(policy)
   qualname = getattr(policy, '__qualname__', None)
@@ -84,6 +86,8 @@ def policy_names(policy) -> tuple[frozenset[str], frozenset[str]]:
   if isinstance(policy, ours.SaveFromBothPolicies):
     first, second = policy_names(policy.first), policy_names(policy.second)
     return first[0] | second[0], first[1] | second[1]
+  if hasattr(policy, 'checkpoint_names'):  # says which of its strings are names
+    return frozenset(policy.checkpoint_names), frozenset()
   if dataclasses.is_dataclass(policy):  # JAX's own name policies, e.g.
     return frozenset().union(*(
         v for v in vars(policy).values() if _is_name_set(v))), frozenset()

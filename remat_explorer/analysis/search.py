@@ -1,12 +1,13 @@
 """``search_policy``: the policy that fits a memory budget with fewest FLOPs.
 
 JAX has no automatic policy. This search chooses which values to save, by
-``checkpoint_name`` and by primitive kind (matmuls, convolutions), as a
-greedy knapsack: each choice is priced by the analysis (the residual bytes
-it adds, the recompute FLOPs it removes) without compiling, and the result
-is verified by compiling it. The built-in policies are compiled too and are
-candidates, so the answer never uses more FLOPs than a built-in policy that
-fits the same budget.
+``checkpoint_name``, by primitive kind (matmuls, convolutions) and by
+equation signature (``EquationSignature``: one recomputed computation, such
+as one particular matmul), as a greedy knapsack: each choice is priced by
+the analysis (the residual bytes it adds, the recompute FLOPs it removes)
+without compiling, and the result is verified by compiling it. The built-in
+policies are compiled too and are candidates, so the answer never uses more
+FLOPs than a built-in policy that fits the same budget.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from remat_explorer.analysis import compiled as compiled_module
 from remat_explorer.analysis.analyze import analyze
 from remat_explorer.analysis.compare import builtin_policies
 from remat_explorer.analysis.compiled import CompiledCosts, compile_costs
@@ -25,23 +27,95 @@ from remat_explorer.analysis.report import RematReport, _plain
 # ones to recompute. (XLA counts transcendentals as 0 FLOPs.)
 _SAVEABLE_KINDS = ('dot_general', 'conv_general_dilated')
 
+# At most this many equation signatures are priced, the ones whose
+# recompute costs most first: each costs one analysis.
+MAX_EQUATION_UNITS = 16
+
+
+@dataclass(frozen=True, order=True)
+class EquationSignature:
+  """What a remat policy can know of one equation: its primitive, the types
+  of its inputs and its parameters.
+
+  JAX asks a policy about each first-order equation of a block as
+  ``policy(primitive, *input_avals, **params)`` (``partial_eval_jaxpr_custom``,
+  for ``jax.checkpoint`` and ours alike). The equation itself is not passed:
+  not its output variables, not its source line, not its position. Nor does
+  the order of the calls tell it: a split is cached and shared by every call
+  of the same block body, so one call of the policy can stand for many
+  equations. An equation can therefore not be singled out from inside a
+  policy; the finest sound unit is its signature, and equations with the
+  same signature (the same matmul in every layer of a stack of equal widths,
+  say) are saved or recomputed together. The signature is built from values
+  only (type strings, parameter reprs), so it is the same on every trace.
+  """
+  primitive: str
+  inputs: tuple[str, ...]
+  params: str
+
+  @classmethod
+  def of(cls, prim, avals, params) -> 'EquationSignature':
+    return cls(prim.name, tuple(_aval_text(a) for a in avals), _params_text(params))
+
+  @classmethod
+  def of_equation(cls, eqn) -> 'EquationSignature':
+    return cls.of(eqn.primitive, [v.aval for v in eqn.invars], eqn.params)
+
+  def __str__(self):
+    return f"{self.primitive}({', '.join(self.inputs)})"
+
+
+def _aval_text(aval) -> str:
+  try:
+    return aval.str_short(short_dtypes=True)
+  except TypeError:  # abstract values other than arrays take no arguments
+    return aval.str_short()
+
+
+def _params_text(params) -> str:
+  return ', '.join(f'{k}={_param_text(params[k])}' for k in sorted(params))
+
+
+def _param_text(value) -> str:
+  if isinstance(value, (tuple, list)):
+    return '(' + ', '.join(map(_param_text, value)) + ')'
+  if value is None or isinstance(value, (bool, int, float, str)):
+    return repr(value)
+  if callable(value) or hasattr(value, 'eqns') or hasattr(value, 'jaxpr'):
+    return type(value).__name__  # sub-programs and functions: by kind only
+  return repr(value)
+
 
 @dataclass(frozen=True)
 class SaveChosen:
-  """Save the values named with these names and the outputs of these
-  primitives; recompute everything else. Works with our ``checkpoint`` and
-  with ``jax.checkpoint`` alike."""
+  """Save the values named with these names, the outputs of these
+  primitives and of equations with these signatures; recompute everything
+  else. A plain policy: works with our ``checkpoint`` and with
+  ``jax.checkpoint`` alike. See ``EquationSignature`` for why equations are
+  chosen by signature."""
   names: frozenset[str] = frozenset()
   primitives: frozenset[str] = frozenset()
+  equations: frozenset[EquationSignature] = frozenset()
 
-  def __call__(self, prim, *_, **params) -> bool:
+  @property
+  def checkpoint_names(self) -> frozenset[str]:
+    """The names it refers to (its other strings are primitive names), for
+    ``describe_policy`` and the unmatched-name warnings."""
+    return self.names
+
+  def __call__(self, prim, *avals, **params) -> bool:
     if prim.name == 'name':
       return params['name'] in self.names
-    return prim.name in self.primitives
+    if prim.name in self.primitives:
+      return True
+    return bool(self.equations) and (
+        EquationSignature.of(prim, avals, params) in self.equations)
 
   def __repr__(self):
     parts = [f"names={sorted(self.names)}"] if self.names else []
     parts += [f"primitives={sorted(self.primitives)}"] if self.primitives else []
+    parts += ([f"equations=[{', '.join(map(str, sorted(self.equations)))}]"]
+              if self.equations else [])
     return f"SaveChosen({', '.join(parts)})"
 
 
@@ -67,6 +141,8 @@ class SearchResult:
   fits: bool
   """False only if nothing fits, not even ``nothing_saveable``."""
   compiles_used: int
+  """XLA compiles this search ran; a result cached by an earlier call (of
+  ``compile_costs``, ``compare`` or the search itself) costs none."""
   candidates: tuple[Candidate, ...]
   costs: CompiledCosts = field(repr=False)
   report: RematReport = field(repr=False)
@@ -91,8 +167,7 @@ def search_policy(f, *args, memory_budget: int | float, argnums=0,
   price each choice are per device.
   """
   run = _Runner(f, args, kwargs, argnums, lowering, progress)
-  nothing = run.evaluate('nothing_saveable', builtin_policies()['nothing_saveable'])
-  names = nothing[1].names_in_program
+  names = run.report(builtin_policies()['nothing_saveable']).names_in_program
   builtins = {label: run.evaluate(label, p)
               for label, p in builtin_policies(names).items()}
   budget = _resolve_budget(memory_budget, builtins)
@@ -120,26 +195,32 @@ def _resolve_budget(memory_budget, builtins) -> int:
 
 
 class _Runner:
-  """Evaluates policies (analysis + compile), counting compiles."""
+  """Evaluates policies (analysis + compile), each once, counting the
+  compiles XLA really ran (not results found in ``compile_costs``' cache)."""
 
   def __init__(self, f, args, kwargs, argnums, lowering, progress):
     self.f, self.args, self.kwargs = f, args, kwargs
     self.argnums, self.lowering, self.progress = argnums, lowering, progress
     self.compiles = 0
     self.policies: dict[str, Any] = {}
+    self._evaluated: dict[str, tuple[CompiledCosts, RematReport]] = {}
 
   def report(self, policy) -> RematReport:
     return analyze(self.f, *self.args, policy=policy, argnums=self.argnums,
                    lowering=self.lowering, **self.kwargs)
 
   def evaluate(self, label, policy) -> tuple[CompiledCosts, RematReport]:
+    if label in self._evaluated:
+      return self._evaluated[label]
     if self.progress is not None:
-      self.progress(self.compiles, self.compiles + 1, label)
-    self.compiles += 1
+      self.progress(len(self._evaluated), len(self._evaluated) + 1, label)
     self.policies[label] = policy
+    before = compiled_module.compiles_run()
     costs = compile_costs(self.f, *self.args, policy=policy, argnums=self.argnums,
                           lowering=self.lowering, **self.kwargs)
-    return costs, self.report(policy)
+    self.compiles += compiled_module.compiles_run() - before
+    self._evaluated[label] = costs, self.report(policy)
+    return self._evaluated[label]
 
   def best(self, budget, evaluated) -> SearchResult:
     candidates = tuple(
@@ -163,7 +244,8 @@ def _greedy_choice(run: _Runner, names, budget, builtins):
   base_costs, base_report = builtins['nothing_saveable']
   if base_costs.failed:
     return {}
-  units = [('name', n) for n in names] + [('primitive', p) for p in _SAVEABLE_KINDS]
+  units = ([('name', n) for n in names] + [('primitive', p) for p in _SAVEABLE_KINDS]
+           + [('equation', s) for s in _costliest_recomputed(base_report)])
   priced = []
   for unit in units:
     report = run.report(_policy_of([unit]))
@@ -208,7 +290,27 @@ def _peak_model(builtins) -> Callable[[int], float]:
   return lambda residual_bytes: intercept + slope * residual_bytes
 
 
+def _costliest_recomputed(report: RematReport) -> list[EquationSignature]:
+  """Signatures of the equations the blocks recompute, by the FLOPs their
+  recompute costs in all (trip counts applied), costliest first, at most
+  ``MAX_EQUATION_UNITS``. Equations recomputed inside a call of the staged
+  half (``RecomputedEquation.inside``) are reached through their kind or
+  name only."""
+  flops: dict[EquationSignature, int] = {}
+  for block in report.blocks:
+    if not block.differentiated or block.staged_jaxpr is None:
+      continue
+    for e in block.recomputed:
+      if e.index is None or e.flops <= 0:
+        continue
+      signature = EquationSignature.of_equation(block.staged_jaxpr.eqns[e.index])
+      flops[signature] = flops.get(signature, 0) + e.flops * (block.trip_count or 1)
+  ranked = sorted(flops, key=lambda s: (-flops[s], s))
+  return ranked[:MAX_EQUATION_UNITS]
+
+
 def _policy_of(units) -> SaveChosen:
   return SaveChosen(
       names=frozenset(v for kind, v in units if kind == 'name'),
-      primitives=frozenset(v for kind, v in units if kind == 'primitive'))
+      primitives=frozenset(v for kind, v in units if kind == 'primitive'),
+      equations=frozenset(v for kind, v in units if kind == 'equation'))
