@@ -195,16 +195,24 @@ def test_nested_block_figures_follow_its_own_policy():
   assert _report_lines(default) == _report_lines(override)
 
 
-def test_blocks_under_scan_carry_trip_counts():
+@pytest.mark.parametrize('policy', [cp.dots_saveable, cp.nothing_saveable], ids=describe_policy)
+def test_blocks_under_scan_carry_trip_counts(policy):
   ws, x = _params(4, num_layers=5)
-  report = analyze(_scanned(rx.checkpoint, rx.checkpoint_name), ws, x, policy=cp.dots_saveable)
+  report = analyze(_scanned(rx.checkpoint, rx.checkpoint_name), ws, x, policy=policy)
   (block,) = report.blocks
   assert block.path == ('scan×5',) and block.trip_count == 5
+  assert block.policy == describe_policy(policy)
   assert block.differentiated and block.residual_bytes > 0
   assert block.total_residual_bytes == 5 * block.residual_bytes
   assert block.total_recompute_flops == 5 * block.recompute_flops
   # The whole program's residuals hold every iteration's.
   assert report.residual_bytes >= block.total_residual_bytes
+  if policy is cp.nothing_saveable:
+    # The layer's matmul is recomputed in every iteration of the backward loop.
+    (dot,) = [e for e in block.recomputed if e.primitive == 'dot_general']
+    assert dot.flops == 2 * x.size * ws[0].shape[1]
+    assert block.recompute_flops > 0
+    assert report.recompute_flops == block.total_recompute_flops
 
 
 def test_recompute_shrinks_as_the_policy_saves_more():

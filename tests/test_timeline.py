@@ -61,9 +61,18 @@ def compiled_grads():
 def test_peak_matches_memory_analysis(compiled_grads, name):
   compiled = compiled_grads[name]
   stats = compiled.memory_analysis()
+  timeline = memory_timeline(compiled)
+  if jax.default_backend() == 'gpu':
+    # On GPUs peak_memory_in_bytes is XLA's peak of the buffers live at
+    # once along the schedule, temporaries included, which is what the
+    # timeline models (temp_size_in_bytes is the size of the temporary
+    # allocation instead, which buffers share over time).
+    assert timeline.peak_bytes == pytest.approx(stats.peak_memory_in_bytes, rel=0.02)
+    return
+  # On the CPU peak_memory_in_bytes leaves temporaries out: the bound is
+  # the whole footprint, which the schedule's peak nearly fills.
   total = (stats.argument_size_in_bytes + stats.output_size_in_bytes
            + stats.temp_size_in_bytes)
-  timeline = memory_timeline(compiled)
   assert timeline.peak_bytes <= total
   assert timeline.peak_bytes >= 0.95 * total
 
