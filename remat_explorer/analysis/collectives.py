@@ -50,7 +50,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 
-from remat_explorer.analysis.timeline import _index, _leaves, _parse_module
+from remat_explorer.analysis.timeline import _index, _leaves, parse_hlo_module
 
 KINDS = ('all-gather', 'reduce-scatter', 'all-reduce', 'all-to-all',
          'collective-permute')
@@ -112,9 +112,10 @@ class _Totals:
                  if (kind, phase) in self.count)
 
 
-def collectives_in_hlo(text: str) -> CollectiveSummary:
-  """Every collective of a compiled module, by kind and pass."""
-  comps, entry = _parse_module(text)
+def collectives_in_hlo(text: str, module=None) -> CollectiveSummary:
+  """Every collective of a compiled module, by kind and pass; `module` is
+  ``parse_hlo_module(text)`` where the caller has it already."""
+  comps, entry = module or parse_hlo_module(text)
   totals = _Totals()
   unknown = [False]
 

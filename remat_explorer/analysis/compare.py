@@ -12,6 +12,8 @@ global and per device, and the jaxpr's FLOPs are the whole program's.
 
 from __future__ import annotations
 
+import concurrent.futures
+
 import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
@@ -125,14 +127,21 @@ def compare(f, *args, policies: Mapping[str, Any] | Sequence | None = None,
   if include_no_remat:
     chosen = {'no remat': NO_REMAT, **chosen}
   rows = []
-  for i, (label, policy) in enumerate(chosen.items()):
-    if progress is not None:
-      progress(i, len(chosen), label)
-    report = analyze(f, *args, policy=policy, lowering=lowering,
-                     argnums=argnums, **kwargs)
-    costs = compile_costs(f, *args, policy=policy, lowering=lowering,
-                          argnums=argnums, repeats=repeats, **kwargs)
-    rows.append(_row(label, policy, report, costs))
+  # The analyses (Python, tracing) run on a second thread while XLA compiles
+  # (C++, without the GIL) on this one. Run times are measured only once the
+  # analyses are done, so that nothing else shares the CPU with them.
+  with concurrent.futures.ThreadPoolExecutor(max_workers=1) as analyses:
+    reports = {label: analyses.submit(analyze, f, *args, policy=policy, lowering=lowering,
+                                      argnums=argnums, **kwargs)
+               for label, policy in chosen.items()}
+    if repeats:
+      concurrent.futures.wait(reports.values())
+    for i, (label, policy) in enumerate(chosen.items()):
+      if progress is not None:
+        progress(i, len(chosen), label)
+      costs = compile_costs(f, *args, policy=policy, lowering=lowering,
+                            argnums=argnums, repeats=repeats, **kwargs)
+      rows.append(_row(label, policy, reports[label].result(), costs))
   if progress is not None:
     progress(len(chosen), len(chosen), 'done')
   rows = _mark_pareto_front(rows)

@@ -32,7 +32,8 @@ from remat_explorer.analysis.problem import Problem, check_positions
 from remat_explorer.analysis.program import PolicyChoice, policy_label
 from remat_explorer.analysis.sharding import compiled_placement, find_placement
 from remat_explorer.engine import _jax_internals as jx
-from remat_explorer.analysis.timeline import MemoryTimeline, memory_timeline_from_hlo_text
+from remat_explorer.analysis.timeline import (MemoryTimeline, memory_timeline_from_hlo_text,
+                                              parse_hlo_module)
 
 
 @dataclass(frozen=True)
@@ -271,13 +272,15 @@ def measure(step, leaves, *, function, policy, lowering, donate_argnums=(),
   cost = _cost_analysis(compiled)
   hlo = compiled.as_text()
   notes = []
-  try:
-    timeline = memory_timeline_from_hlo_text(hlo)
-  except Exception as e:  # the timeline is a reading of XLA's text format
-    timeline = None
-    notes.append(f'memory timeline unavailable: {type(e).__name__}: {e}')
-  collectives = _collectives(hlo, notes)
   devices = compiled_placement(compiled, placement)
+  try:  # the timeline and the collectives are readings of XLA's text format
+    module = parse_hlo_module(hlo)
+    timeline = memory_timeline_from_hlo_text(hlo, module)
+  except Exception as e:
+    module, timeline = None, None
+    notes.append(f'memory timeline unavailable: {type(e).__name__}: {e}')
+  # A program on one device communicates with no other.
+  collectives = _collectives(hlo, module, notes) if devices.num_devices > 1 else ()
   run_seconds, measured_peak = _run(compiled, leaves, repeats, donate_argnums, notes)
   return CompiledCosts(
       **common,
@@ -328,9 +331,9 @@ def _cost_analysis(compiled) -> dict[str, float]:
   return {str(k): float(v) for k, v in cost.items()}
 
 
-def _collectives(hlo: str, notes: list[str]) -> tuple[Collective, ...]:
+def _collectives(hlo: str, module, notes: list[str]) -> tuple[Collective, ...]:
   try:
-    summary = collectives_in_hlo(hlo)
+    summary = collectives_in_hlo(hlo, module)
   except Exception as e:  # a reading of XLA's text format, like the timeline
     notes.append(f'collectives unavailable: {type(e).__name__}: {e}')
     return ()

@@ -36,6 +36,7 @@ without metadata.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import re
 from typing import Any, Iterable, NamedTuple, Sequence, Union
@@ -90,9 +91,10 @@ def memory_timeline(compiled: jax.stages.Compiled) -> MemoryTimeline:
   return memory_timeline_from_hlo_text(compiled.as_text())
 
 
-def memory_timeline_from_hlo_text(text: str) -> MemoryTimeline:
-  """The timeline of the ENTRY computation of a scheduled HLO module."""
-  comps, entry = _parse_module(text)
+def memory_timeline_from_hlo_text(text: str, module=None) -> MemoryTimeline:
+  """The timeline of the ENTRY computation of a scheduled HLO module;
+  `module` is ``parse_hlo_module(text)`` where the caller has it already."""
+  comps, entry = module or parse_hlo_module(text)
   graph = _Graph(comps, comps[entry], {}, _donations(text))
   buffers = tuple(graph.buffers())
   device = [(b.start, b.end, b.bytes) for b in buffers if not b.memory_space]
@@ -133,11 +135,18 @@ class _Instr:
 
   def __post_init__(self):
     self.operands = re.findall(r'%([\w.\-]+)', self.args)
+
+  # Read from the metadata on demand: most instructions are never asked.
+  @functools.cached_property
+  def op_name(self) -> str:
     m = re.search(r'\bop_name="((?:[^"\\]|\\.)*)"', self.attrs)
-    self.op_name = m.group(1) if m else ''
+    return m.group(1) if m else ''
+
+  @functools.cached_property
+  def source(self) -> str:
     file = re.search(r'\bsource_file="((?:[^"\\]|\\.)*)"', self.attrs)
     line = re.search(r'\bsource_line=(\d+)', self.attrs)
-    self.source = f'{file.group(1)}:{line.group(1)}' if file and line else ''
+    return f'{file.group(1)}:{line.group(1)}' if file and line else ''
 
   def attr(self, key: str) -> str | None:
     m = re.search(rf'\b{key}=%?([\w.\-]+)', self.attrs)
@@ -163,7 +172,8 @@ _ARRAY = re.compile(r'(\w+)\[([^\]]*)\](\{[^}]*\})?')
 _SEPARATORS = re.compile(r'(\s|,|/\*.*?\*/)*')
 
 
-def _parse_module(text: str) -> tuple[dict[str, list[_Instr]], str]:
+def parse_hlo_module(text: str) -> tuple[dict[str, list[_Instr]], str]:
+  """The computations of an HLO module's text, by name, and the entry's name."""
   comps: dict[str, list[_Instr]] = {}
   entry, current = '', None
   for line in text.splitlines():
@@ -196,12 +206,22 @@ def _parse_instr(line: str, m: re.Match) -> _Instr:
   shape, i = _parse_shape(line, m.end())
   if not (op := _OPCODE.match(line, i)):
     raise ValueError(f'cannot parse HLO instruction: {line.strip()}')
-  j, depth = op.end(), 1
-  while depth:
-    depth += {'(': 1, ')': -1}.get(line[j], 0)
-    j += 1
+  j = _after_closing_paren(line, op.end())
   return _Instr(m.group(2), shape, op.group(1), line[op.end():j - 1],
                 line[j:], bool(m.group(1)))
+
+
+_PARENS = re.compile(r'[()]')
+
+
+def _after_closing_paren(line: str, start: int) -> int:
+  """The position after the ``)`` closing a ``(`` just before `start`."""
+  depth = 1
+  for m in _PARENS.finditer(line, start):
+    depth += 1 if m.group() == '(' else -1
+    if not depth:
+      return m.end()
+  raise ValueError(f'unbalanced parentheses in HLO instruction: {line.strip()}')
 
 
 def _parse_shape(text: str, i: int) -> tuple[Shape, int]:
@@ -224,6 +244,7 @@ def _parse_shape(text: str, i: int) -> tuple[Shape, int]:
   return leaf, m.end()
 
 
+@functools.lru_cache(maxsize=None)
 def _dtype_bits(dtype: str) -> int:
   if dtype == 'pred':
     return 8
