@@ -176,6 +176,9 @@ def test_jaxpr_listing_marks_the_residuals():
   marked_fwd = set(re.findall(r'<mark class="residual">(\w+)</mark>', forward))
   marked_bwd = set(re.findall(r'<mark class="residual">(\w+)</mark>', backward))
   assert len(marked_fwd) == len(report.residuals) == len(marked_bwd) >= 1
+  # The listing keeps the jaxpr's lines, escaped one by one.
+  assert html.count('\n') >= len(str(report.forward_jaxpr).splitlines()) - 1
+  assert '\ufffd' not in html
 
 
 def test_user_names_are_escaped_everywhere():
@@ -319,3 +322,9 @@ def test_explorer_keeps_only_the_latest_compile(problem):
   assert 'compiled under dots_saveable' in e.costs_view.value
   assert 'everything_saveable' not in e.costs_view.value
   assert e.progress.layout.visibility == 'hidden'
+
+
+def test_html_text_keeps_line_breaks_and_drops_other_control_characters():
+  from remat_explorer.viz.text import html_text
+  assert html_text('a\nb\t<c>') == 'a\nb\t&lt;c&gt;'
+  assert html_text('x\x00y\x1b') == 'x\ufffdy\ufffd'

@@ -13,6 +13,7 @@ import math
 _BYTE_UNITS = ('B', 'KiB', 'MiB', 'GiB', 'TiB', 'PiB')
 _FLOP_UNITS = ('FLOP', 'kFLOP', 'MFLOP', 'GFLOP', 'TFLOP', 'PFLOP')
 MISSING = '—'
+_XML_WHITESPACE = ' \t\n\r'
 
 
 def _humanise(n: float | None, base: int, units: tuple[str, ...]) -> str:
@@ -71,10 +72,12 @@ def _unit(n: float, base: int, count: int) -> float:
 def html_text(value: object) -> str:
   """`value` as text that is safe inside HTML, SVG and DOT HTML-like labels.
 
-  Control characters become U+FFFD: Graphviz's HTML-label parser (expat)
-  rejects them outright, and they have no business in a label anyway.
+  Control characters other than XML's whitespace (tab, newline, carriage
+  return) become U+FFFD: Graphviz's HTML-label parser (expat) rejects them
+  outright, and they have no business in a label anyway.
   """
   text = str(value)
   if not text.isprintable():
-    text = ''.join(c if c.isprintable() or c == ' ' else '\ufffd' for c in text)
+    text = ''.join(c if c.isprintable() or c in _XML_WHITESPACE else '\ufffd'
+                   for c in text)
   return html.escape(text, quote=True)
