@@ -295,9 +295,34 @@ def test_a_program_under_set_mesh_with_explicit_axes():
   with jax.set_mesh(mesh):
     report = analyze(loss, w, x)
     costs = compile_costs(loss, w, x)
+    # compare analyzes on a second thread: the mesh goes with it.
+    comparison = compare(loss, w, x, policies=['nothing_saveable'])
   (h,) = [r for r in report.residuals if r.name == 'h']
   assert h.per_device_shape == (32, 4) and h.per_device_bytes * 8 == h.bytes
   assert report.num_devices == costs.num_devices == 8 and costs.collective_count >= 1
+  assert comparison.num_devices == 8 and not any(r.failed for r in comparison.rows)
+
+
+def test_the_explorer_keeps_the_mesh_it_was_opened_under():
+  """Widget callbacks and compiles run outside the ``jax.set_mesh`` block
+  that opened the Explorer; they must still trace under its mesh."""
+  explicit = jax.sharding.AxisType.Explicit
+  mesh = jax.make_mesh((2, 4), ('data', 'model'), axis_types=(explicit,) * 2)
+  k = jax.random.split(jax.random.key(31), 2)
+  w = jax.device_put(jax.random.normal(k[0], (16, 16)) / 4, NamedSharding(mesh, P(None, 'model')))
+  x = jax.device_put(jax.random.normal(k[1], (64, 16)), NamedSharding(mesh, P('data')))
+
+  def loss(w, x):
+    h = rx.checkpoint(lambda w, x: jnp.sin(x @ w))(w, x)
+    return jnp.sum(jnp.tanh(jnp.matmul(h, w, out_sharding=P('data'))) ** 2)
+
+  with jax.set_mesh(mesh):
+    explorer = rx.explore(loss, w, x)
+  explorer.wait(300)
+  explorer.policy.value = 'dots_saveable'  # outside the block now
+  explorer.wait(300)
+  assert 'error' not in explorer.error.value, explorer.error.value
+  assert 'compiled under dots_saveable' in explorer.costs_view.value
 
 
 def test_arguments_on_different_meshes_are_refused():

@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from remat_explorer.analysis.analyze import analyze
 from remat_explorer.analysis.compiled import CompiledCosts, compile_costs
+from remat_explorer.analysis.context import TraceSettings
 from remat_explorer.analysis.policy_info import NO_REMAT, describe_policy
 from remat_explorer.analysis.report import RematReport, _plain
 from remat_explorer.engine.policies import checkpoint_policies
@@ -130,9 +131,11 @@ def compare(f, *args, policies: Mapping[str, Any] | Sequence | None = None,
   # The analyses (Python, tracing) run on a second thread while XLA compiles
   # (C++, without the GIL) on this one. Run times are measured only once the
   # analyses are done, so that nothing else shares the CPU with them.
-  with concurrent.futures.ThreadPoolExecutor(max_workers=1) as analyses:
-    reports = {label: analyses.submit(analyze, f, *args, policy=policy, lowering=lowering,
-                                      argnums=argnums, **kwargs)
+  analyze_here = TraceSettings.current().wrap(analyze)
+  analyses = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+  try:
+    reports = {label: analyses.submit(analyze_here, f, *args, policy=policy,
+                                      lowering=lowering, argnums=argnums, **kwargs)
                for label, policy in chosen.items()}
     if repeats:
       concurrent.futures.wait(reports.values())
@@ -142,6 +145,8 @@ def compare(f, *args, policies: Mapping[str, Any] | Sequence | None = None,
       costs = compile_costs(f, *args, policy=policy, lowering=lowering,
                             argnums=argnums, repeats=repeats, **kwargs)
       rows.append(_row(label, policy, reports[label].result(), costs))
+  finally:  # on an error, the analyses not yet started are not waited for
+    analyses.shutdown(cancel_futures=True)
   if progress is not None:
     progress(len(chosen), len(chosen), 'done')
   rows = _mark_pareto_front(rows)

@@ -56,6 +56,11 @@ def lowering_strategy(lowering: str):
     yield
 
 
+def enclosing_strategy() -> str | None:
+  """The strategy of the innermost ``lowering_strategy`` block, if any."""
+  return _enclosing_strategy.value
+
+
 def current_strategy(explicit: str | None) -> str:
   """The strategy for a block: its own, else the enclosing block's, else the default."""
   if explicit is not None:

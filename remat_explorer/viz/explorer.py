@@ -16,12 +16,13 @@ import traceback
 from remat_explorer.analysis import (NO_REMAT, analyze, builtin_policies, compare,
                                      compile_costs, search_policy)
 from remat_explorer.analysis.compare import recompute_eliminated
-from remat_explorer.engine.lowering import STRATEGIES
+from remat_explorer.analysis.context import TraceSettings
+from remat_explorer.engine.lowering import DEFAULT_STRATEGY, STRATEGIES
 from remat_explorer.engine.policies import checkpoint_policies
 from remat_explorer.viz.charts import (plot_memory_breakdown, plot_memory_timeline,
                                        plot_pareto, plot_residuals_by_origin)
-from remat_explorer.viz.html_report import figure_png_data_uri
-from remat_explorer.viz.split_graph import split_graph, to_svg
+from remat_explorer.viz.embed import chart_img, inline_svg
+from remat_explorer.viz.split_graph import split_graph
 from remat_explorer.viz.tables import (RESIDUAL_SORT_KEYS, comparison_table_html,
                                        report_jaxprs_html, residual_table_html)
 from remat_explorer.viz.text import MISSING, format_bytes, format_flops, format_seconds
@@ -51,7 +52,7 @@ class StaticView:
     self.report = report
 
   def _repr_html_(self) -> str:
-    return (_svg(split_graph(self.report)) + residual_table_html(self.report))
+    return _split_html(split_graph(self.report)) + residual_table_html(self.report)
 
 
 class Explorer:
@@ -61,6 +62,9 @@ class Explorer:
   def __init__(self, f, *args, argnums=0, **kwargs):
     import ipywidgets as w
     self.f, self.args, self.kwargs, self.argnums = f, args, kwargs, argnums
+    # Widget callbacks and compiles run outside the code that opened the
+    # Explorer: they take its mesh and lowering strategy with them.
+    self._settings = TraceSettings.current()
     first = analyze(f, *args, argnums=argnums, **kwargs)
     self.names = first.names_in_program
     self.policies = dict(builtin_policies())
@@ -77,7 +81,7 @@ class Explorer:
     self.names_select = w.SelectMultiple(options=self.names, value=self.names[:1],
                                          description='names', rows=min(6, len(self.names) or 1),
                                          layout=w.Layout(display='none'))
-    self.lowering = w.Dropdown(options=list(STRATEGIES), value='barrier',
+    self.lowering = w.Dropdown(options=list(STRATEGIES), value=DEFAULT_STRATEGY,
                                description='lowering')
     blocks = ['all blocks'] + [b.name for b in first.blocks]
     self.block = w.Dropdown(options=blocks, value='all blocks', description='block',
@@ -107,9 +111,10 @@ class Explorer:
     for i, title in enumerate(TABS):
       self.tabs.set_title(i, title)
 
-    for control in (self.policy, self.names_select, self.lowering, self.block,
-                    self.sort_by):
+    for control in (self.policy, self.names_select, self.lowering, self.block):
       control.observe(lambda _: self.refresh(), names='value')
+    self.sort_by.observe(lambda _: self._render_residuals(self.current_report()),
+                         names='value')
     self.search_button.on_click(lambda _: self._in_background(self._search))
     self.compare_button.on_click(lambda _: self._in_background(self._compare))
     self.pareto_pick.observe(self._pick_from_pareto, names='value')
@@ -130,8 +135,9 @@ class Explorer:
     return self.policies[self.policy.value]
 
   def current_report(self):
-    return analyze(self.f, *self.args, policy=self.current_policy(),
-                   lowering=self.lowering.value, argnums=self.argnums, **self.kwargs)
+    with self._settings.entered():
+      return analyze(self.f, *self.args, policy=self.current_policy(),
+                     lowering=self.lowering.value, argnums=self.argnums, **self.kwargs)
 
   # -- views ---------------------------------------------------------------------
 
@@ -141,11 +147,8 @@ class Explorer:
     try:
       report = self.current_report()
       block = None if self.block.value == 'all blocks' else self.block.value
-      self.split_view.value = _svg(split_graph(report, block=block))
-      self.residual_view.value = (
-          f'<div class="remat-residuals">'
-          f'{residual_table_html(report, sort_by=self.sort_by.value)}</div>'
-          + _img(plot_residuals_by_origin(report)))
+      self.split_view.value = _split_html(split_graph(report, block=block))
+      self._render_residuals(report)
       self.program_view.value = report_jaxprs_html(report)
       self._show_warnings(report.warnings)
     except Exception as e:  # shown in the widget; the previous views stay
@@ -153,10 +156,17 @@ class Explorer:
       return
     # The compile runs behind the controls: it takes what they say now, and
     # its result is dropped if they have changed again by the time it ends.
-    self._generation += 1
-    generation, label = self._generation, self.policy.value
-    policy, lowering = self.current_policy(), self.lowering.value
+    with self._lock:
+      self._generation += 1
+      generation = self._generation
+    label, policy, lowering = self.policy.value, self.current_policy(), self.lowering.value
     self._in_background(lambda: self._costs(generation, label, policy, lowering, report))
+
+  def _render_residuals(self, report) -> None:
+    self.residual_view.value = (
+        f'<div class="remat-residuals">'
+        f'{residual_table_html(report, sort_by=self.sort_by.value)}</div>'
+        + chart_img(plot_residuals_by_origin(report), 'residual bytes by origin'))
 
   def _costs(self, generation, label, policy, lowering, report):
     self._progress(0, 1, f'compiling under {label}')
@@ -177,9 +187,9 @@ class Explorer:
     comparison = self.comparison
     self.compare_view.value = (
         comparison_table_html(comparison)
-        + _img(plot_pareto(comparison, selected=self.policy.value,
+        + chart_img(plot_pareto(comparison, selected=self.policy.value,
                            search_result=self.search_result))
-        + _img(plot_memory_breakdown(comparison)))
+        + chart_img(plot_memory_breakdown(comparison)))
     self.pareto_pick.options = [r.label for r in comparison.rows if not r.failed]
     self._show_warnings(comparison.warnings)
 
@@ -212,7 +222,8 @@ class Explorer:
     any such work runs; an error is shown in the widget."""
     def run():
       try:
-        work()
+        with self._settings.entered():
+          work()
       except Exception as e:
         self._show_error(e)
       finally:
@@ -221,17 +232,24 @@ class Explorer:
           if not self._running:
             self.progress.layout.visibility = 'hidden'
             self.status.value = ''
+    thread = threading.Thread(target=run, daemon=True)
     with self._lock:
       self._running += 1
       self.progress.layout.visibility = 'visible'
-    thread = threading.Thread(target=run, daemon=True)
-    self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+      self._threads = [t for t in self._threads if t.is_alive()] + [thread]
     thread.start()
 
   def wait(self, timeout: float | None = None) -> None:
     """Block until background work (compiles) is done; for scripts and tests."""
-    for thread in list(self._threads):
-      thread.join(timeout)
+    while True:  # work may start more work (a search selects its policy)
+      with self._lock:
+        pending = [t for t in self._threads if t.is_alive()]
+      if not pending:
+        return
+      for thread in pending:
+        thread.join(timeout)
+      if timeout is not None:
+        return
 
   def _progress(self, i, n, label):
     self.progress.max = max(n, 1)
@@ -251,10 +269,7 @@ class Explorer:
     # viewer, nbconvert, a kernel-less reader) fall back to the static HTML
     # of what the widget shows when first displayed.
     bundle = dict(self.widget._repr_mimebundle_(**kwargs))
-    try:
-      bundle['text/html'] = StaticView(self.current_report())._repr_html_()
-    except Exception:  # the widget itself shows errors; no fallback then
-      pass
+    bundle['text/html'] = self.split_view.value + self.residual_view.value
     return bundle
 
 
@@ -280,16 +295,11 @@ def _costs_html(label, costs, baseline, report) -> str:
     timelines['no remat'] = baseline
   caption = f'<caption>compiled under {html.escape(label)}</caption>'
   return (f'<div class="remat-costs"><table>{caption}{table}</table>{note}'
-          + _img(plot_memory_timeline(timelines)) + '</div>')
+          + chart_img(plot_memory_timeline(timelines), 'memory timeline') + '</div>')
 
 
-def _svg(graph) -> str:
-  try:
-    svg = to_svg(graph)
-  except RuntimeError as e:
-    return (f'<p style="color:#b00020">{html.escape(str(e))}</p>'
-            f'<pre>{html.escape(graph.source)}</pre>')
-  svg = svg[svg.index('<svg'):]
+def _split_html(graph) -> str:
+  svg = inline_svg(graph)
   # A diagram up to about twice the notebook's width is shrunk to fit; a
   # larger one scrolls instead, since shrinking it would make it unreadable.
   width = re.match(r'<svg width="([\d.]+)pt"', svg)
@@ -298,6 +308,3 @@ def _svg(graph) -> str:
   return (f'<div class="remat-split" style="overflow:auto;max-height:85vh">'
           f'{svg}</div>')
 
-
-def _img(figure) -> str:
-  return f'<img style="max-width:100%" src="{figure_png_data_uri(figure)}">'

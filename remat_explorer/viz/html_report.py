@@ -7,15 +7,12 @@ diagram as SVG and the charts as PNG, so the file opens anywhere offline.
 
 from __future__ import annotations
 
-import base64
 import html
-import io
-
-from matplotlib.figure import Figure
 
 from remat_explorer.viz.charts import (plot_memory_breakdown, plot_memory_timeline,
                                        plot_pareto, plot_residuals_by_origin)
-from remat_explorer.viz.split_graph import split_graph, to_svg
+from remat_explorer.viz.embed import chart_img, inline_svg
+from remat_explorer.viz.split_graph import split_graph
 from remat_explorer.viz.tables import (comparison_table_html, report_jaxprs_html,
                                        residual_table_html)
 
@@ -32,16 +29,6 @@ table { border-collapse: collapse; font-size: 0.9em; }
 td, th { border: 1px solid #ddd; padding: 0.25em 0.6em; text-align: left; }
 pre { background: #f7f7f7; padding: 1em; overflow-x: auto; font-size: 0.8em; }
 """
-
-
-def figure_png_data_uri(figure: Figure) -> str:
-  buffer = io.BytesIO()
-  figure.savefig(buffer, format='png', dpi=110, bbox_inches='tight')
-  return 'data:image/png;base64,' + base64.b64encode(buffer.getvalue()).decode('ascii')
-
-
-def _chart(figure: Figure, alt: str) -> str:
-  return f'<img class="chart" alt="{html.escape(alt)}" src="{figure_png_data_uri(figure)}">'
 
 
 def report_html(comparison, report, *, title: str | None = None,
@@ -67,35 +54,25 @@ def report_html(comparison, report, *, title: str | None = None,
         f'<p class="warning">{esc(w)}</p>' for w in warnings) + '</section>')
   parts += [
       '<section><h2>Policies compared</h2>', comparison_table_html(comparison),
-      _chart(plot_pareto(comparison, selected=selected and selected.label,
+      chart_img(plot_pareto(comparison, selected=selected and selected.label,
                          search_result=search_result), 'Peak memory against FLOPs'),
-      _chart(plot_memory_breakdown(comparison), 'Memory by policy'),
+      chart_img(plot_memory_breakdown(comparison), 'Memory by policy'),
       '</section>',
   ]
   if costs_by_label:
     parts += ['<section><h2>Memory along the compiled schedule</h2>',
-              _chart(plot_memory_timeline(costs_by_label), 'Memory timeline'),
+              chart_img(plot_memory_timeline(costs_by_label), 'Memory timeline'),
               '</section>']
   parts += [
       f'<section><h2>Split under {esc(report.policy)}</h2>',
-      '<div class="diagram">', _svg_or_message(report), '</div>',
+      '<div class="diagram">', inline_svg(split_graph(report)), '</div>',
       '</section>',
       f'<section><h2>Residuals under {esc(report.policy)}</h2>',
       residual_table_html(report),
-      _chart(plot_residuals_by_origin(report), 'Residual bytes by origin'),
+      chart_img(plot_residuals_by_origin(report), 'Residual bytes by origin'),
       '</section>',
       '<section><h2>Program</h2>', report_jaxprs_html(report), '</section>',
       '</body></html>',
   ]
   return '\n'.join(parts)
 
-
-def _svg_or_message(report) -> str:
-  graph = split_graph(report)
-  try:
-    svg = to_svg(graph)
-  except RuntimeError as e:  # no Graphviz: say so, and keep the DOT source
-    return (f'<p class="warning">{html.escape(str(e))}</p>'
-            f'<pre>{html.escape(graph.source)}</pre>')
-  # Drop the XML prologue so the SVG inlines into HTML.
-  return svg[svg.index('<svg'):]
