@@ -23,6 +23,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 import remat_explorer as rx  # noqa: E402
 from remat_explorer import examples, viz  # noqa: E402
+from remat_explorer.analysis.context import compiles_run  # noqa: E402
 from remat_explorer.analysis import (NO_REMAT, analyze, compare,  # noqa: E402
                                      compile_costs, search_policy)
 from remat_explorer.analysis.collectives import KINDS  # noqa: E402
@@ -345,9 +346,15 @@ def test_compare_and_search_report_per_device():
     assert row.collectives == row.costs.collective_count > 0
   assert comparison.baseline.recompute_collectives == 0
   json.dumps(comparison.to_dict())
+  before = compiles_run()
   result = search_policy(loss_fn, *args, memory_budget=0.5)
   assert result.fits and result.peak_bytes <= result.budget_bytes
   assert result.costs.num_devices == 8
+  # Pricing a choice on a sharded program compiles its forward pass, and
+  # the count says so: every compile the search ran is in it.
+  assert result.compiles_used == compiles_run() - before
+  assert result.compiles_used > sum(c.compiled for c in result.candidates
+                                    if c.label.startswith('search'))
 
 
 # -- viz ---------------------------------------------------------------------------------

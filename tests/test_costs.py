@@ -310,7 +310,7 @@ def test_search_beats_every_builtin_that_fits_by_choosing_one_equation():
   the forward pass, and every policy compiles to the same peak), so saving
   the wide outputs raises the compiled peak; the narrow outputs are small
   next to the gap. Both are checked before the search is asked."""
-  from remat_explorer.analysis import compiled as compiled_module
+  from remat_explorer.analysis.context import compiles_run
   from remat_explorer.analysis.search import SaveChosen
   program, args = _wide_then_narrow(int(np.random.default_rng().integers(1 << 16)))
   nothing = compile_costs(program, *args, policy=cp.nothing_saveable, lowering='cond')
@@ -320,9 +320,9 @@ def test_search_beats_every_builtin_that_fits_by_choosing_one_equation():
   assert gap >= 3 * 32 * args[1].shape[1] * 4 // 2  # the wide outputs, more or less
   budget = nothing.peak_bytes + gap // 2
 
-  before = compiled_module.compiles_run()
+  before = compiles_run()
   result = search_policy(program, *args, memory_budget=budget, lowering='cond')
-  assert result.compiles_used == compiled_module.compiles_run() - before
+  assert result.compiles_used == compiles_run() - before
   # Compiled before the search: nothing_saveable and the no-batch-dims dots.
   assert result.compiles_used == len(result.candidates) - 2
 

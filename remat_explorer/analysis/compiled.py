@@ -28,6 +28,7 @@ import numpy as np
 
 from remat_explorer.analysis.collectives import Collective, collectives_in_hlo
 from remat_explorer.analysis.collectives import count as count_collectives
+from remat_explorer.analysis.context import note_compile
 from remat_explorer.analysis.problem import Problem, check_positions
 from remat_explorer.analysis.program import PolicyChoice, policy_label
 from remat_explorer.analysis.sharding import compiled_placement, find_placement
@@ -153,14 +154,6 @@ class CompiledCosts:
 
 
 _cache: dict = {}
-_compiles_run = [0]
-
-
-def compiles_run() -> int:
-  """XLA compiles ``measure`` has run in this process (failed ones too):
-  the difference over a stretch of work is what it really compiled, cached
-  results costing nothing."""
-  return _compiles_run[0]
 
 
 def compile_costs(f, *args, policy: PolicyChoice = None, lowering: str | None = None,
@@ -258,7 +251,7 @@ def measure(step, leaves, *, function, policy, lowering, donate_argnums=(),
   lowered = jax.jit(step, donate_argnums=donate_argnums).lower(*leaves)
   lower_seconds = time.perf_counter() - start
   start = time.perf_counter()
-  _compiles_run[0] += 1
+  note_compile()
   try:
     compiled = lowered.compile(compiler_options)
   except Exception as e:  # XLA's errors (out of memory, bad options, ...)

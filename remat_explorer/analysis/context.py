@@ -1,5 +1,5 @@
-"""The per-thread settings that change what a program traces to, carried
-across threads.
+"""Per-thread state of the analysis: the settings that change what a
+program traces to, carried across threads, and the XLA compiles a thread ran.
 
 JAX keeps the mesh set with ``jax.set_mesh`` per thread, and so does
 ``lowering_strategy``. Work that the analysis moves to another thread
@@ -11,6 +11,7 @@ block is lowered with another strategy.
 from __future__ import annotations
 
 import contextlib
+import threading
 from dataclasses import dataclass
 
 import jax
@@ -45,3 +46,18 @@ class TraceSettings:
       with self.entered():
         return fn(*args, **kwargs)
     return under_settings
+
+
+_compiles = threading.local()
+
+
+def note_compile() -> None:
+  """Count one XLA compile run by the calling thread."""
+  _compiles.count = compiles_run() + 1
+
+
+def compiles_run() -> int:
+  """XLA compiles the calling thread has run (failed ones too): the
+  difference over a stretch of work is what that work really compiled,
+  cached results costing nothing, and work on other threads not counted."""
+  return getattr(_compiles, 'count', 0)

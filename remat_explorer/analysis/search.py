@@ -4,8 +4,10 @@ JAX has no automatic policy. This search chooses which values to save, by
 ``checkpoint_name``, by primitive kind (matmuls, convolutions) and by
 equation signature (``EquationSignature``: one recomputed computation, such
 as one particular matmul), as a greedy knapsack: each choice is priced by
-the analysis (the residual bytes it adds, the recompute FLOPs it removes)
-without compiling, and the result is verified by compiling it. The built-in
+the analysis (the residual bytes it adds, the recompute FLOPs it removes),
+which compiles nothing for a program on one device (for a sharded one it
+compiles the forward pass to learn the residuals' shardings, and counts it),
+and the result is verified by compiling it. The built-in
 policies are compiled too and are candidates, so the answer never uses more
 FLOPs than a built-in policy that fits the same budget.
 """
@@ -17,10 +19,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from remat_explorer.analysis import compiled as compiled_module
 from remat_explorer.analysis.analyze import analyze
 from remat_explorer.analysis.compare import builtin_policies
 from remat_explorer.analysis.compiled import CompiledCosts, compile_costs
+from remat_explorer.analysis.context import compiles_run
 from remat_explorer.analysis.report import RematReport, _plain
 
 # Primitive kinds whose outputs the search may choose to save: the costly
@@ -141,8 +143,10 @@ class SearchResult:
   fits: bool
   """False only if nothing fits, not even ``nothing_saveable``."""
   compiles_used: int
-  """XLA compiles this search ran; a result cached by an earlier call (of
-  ``compile_costs``, ``compare`` or the search itself) costs none."""
+  """XLA compiles this search ran, pricing included (which compiles the
+  forward pass of a sharded program to learn its shardings); a result cached
+  by an earlier call (of ``analyze``, ``compile_costs``, ``compare`` or the
+  search itself) costs none."""
   candidates: tuple[Candidate, ...]
   costs: CompiledCosts = field(repr=False)
   report: RematReport = field(repr=False)
@@ -201,7 +205,7 @@ class _Runner:
   def __init__(self, f, args, kwargs, argnums, lowering, progress):
     self.f, self.args, self.kwargs = f, args, kwargs
     self.argnums, self.lowering, self.progress = argnums, lowering, progress
-    self.compiles = 0
+    self.compiles_before = compiles_run()
     self.policies: dict[str, Any] = {}
     self._evaluated: dict[str, tuple[CompiledCosts, RematReport]] = {}
 
@@ -215,10 +219,8 @@ class _Runner:
     if self.progress is not None:
       self.progress(len(self._evaluated), len(self._evaluated) + 1, label)
     self.policies[label] = policy
-    before = compiled_module.compiles_run()
     costs = compile_costs(self.f, *self.args, policy=policy, argnums=self.argnums,
                           lowering=self.lowering, **self.kwargs)
-    self.compiles += compiled_module.compiles_run() - before
     self._evaluated[label] = costs, self.report(policy)
     return self._evaluated[label]
 
@@ -234,7 +236,8 @@ class _Runner:
     return SearchResult(
         policy=self.policies[chosen.label], label=chosen.label, budget_bytes=budget,
         peak_bytes=costs.peak_bytes, flops=report.total_flops, fits=bool(fitting),
-        compiles_used=self.compiles, candidates=candidates, costs=costs,
+        compiles_used=compiles_run() - self.compiles_before,
+        candidates=candidates, costs=costs,
         report=report)
 
 

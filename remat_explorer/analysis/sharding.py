@@ -34,6 +34,7 @@ from typing import Iterable, Sequence
 import jax
 from jax.sharding import AbstractMesh, Mesh, NamedSharding
 
+from remat_explorer.analysis.context import note_compile
 from remat_explorer.analysis.report import Residual
 from remat_explorer.engine import _jax_internals as jx
 
@@ -156,6 +157,7 @@ def _placement_text(sharding, devices) -> str:
 def compiled_output_shardings(closed: core.ClosedJaxpr, leaves: Sequence):
   """``compiled.output_shardings`` of `closed` jitted at `leaves` (arrays,
   placed as they are, or ``ShapeDtypeStruct``s with their shardings)."""
+  note_compile()
   compiled = jax.jit(core.jaxpr_as_fun(closed)).lower(*leaves).compile()
   return list(compiled.output_shardings)
 
