@@ -328,3 +328,15 @@ def test_html_text_keeps_line_breaks_and_drops_other_control_characters():
   from remat_explorer.viz.text import html_text
   assert html_text('a\nb\t<c>') == 'a\nb\t&lt;c&gt;'
   assert html_text('x\x00y\x1b') == 'x\ufffdy\ufffd'
+
+
+def test_a_dollar_in_a_users_name_prints_as_a_dollar():
+  def block(x, w):
+    return jnp.sum(rx.checkpoint_name(jnp.sin(x @ w), r'cost$\bad{$') * x)
+  x = jax.random.normal(jax.random.key(3), (4, 4))
+  w = jax.random.normal(jax.random.key(4), (4, 4))
+  report = analyze(rx.checkpoint(block, policy=rx.checkpoint_policies.everything_saveable), x, w)
+  fig = viz.plot_residuals_by_origin(report)
+  fig.savefig(__import__('io').BytesIO(), format='png')  # mathtext would raise here
+  labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+  assert any(r'cost$\bad{$' in label for label in labels)

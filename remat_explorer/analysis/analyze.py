@@ -305,8 +305,7 @@ def _recomputed_equations(split, in_unknowns, nested):
 
 # Equations whose one sub-jaxpr takes their inputs and gives their outputs,
 # in order, with the parameter holding it.
-_CALL_JAXPR_PARAMS = {'checkpoint': 'jaxpr', 'jit': 'jaxpr', 'pjit': 'jaxpr',
-                      'closed_call': 'call_jaxpr', 'core_call': 'call_jaxpr'}
+_CALL_JAXPR_PARAMS = {'checkpoint': 'jaxpr', 'jit': 'jaxpr', 'closed_call': 'call_jaxpr'}
 
 
 def _tangent_free_equations(jaxpr, tangents: set, inside: int | None, nested,

@@ -20,10 +20,8 @@ from remat_explorer.engine.api import checkpoint
 class Problem:
   """A function with its example arguments, flattened and checked."""
 
-  def __init__(self, f, name, leaves, in_tree, diff_mask, arg_names, argnums,
-               paths=()):
+  def __init__(self, f, name, leaves, in_tree, diff_mask, arg_names, argnums):
     self.f, self.name, self.leaves, self.in_tree = f, name, leaves, in_tree
-    self.paths = tuple(paths)
     self.diff_mask, self.argnums = diff_mask, argnums
     self.diff_leaves = [x for x, d in zip(leaves, diff_mask) if d]
     self.other_leaves = [x for x, d in zip(leaves, diff_mask) if not d]
@@ -62,7 +60,7 @@ class Problem:
     dbg = jx.api_util.debug_info('analyze', f, args, kwargs)
     arg_names = tuple(dbg.arg_names or ('',) * len(leaves))
     name = getattr(f, '__name__', type(f).__name__)
-    return cls(f, name, leaves, in_tree, diff_mask, arg_names, argnums, paths)
+    return cls(f, name, leaves, in_tree, diff_mask, arg_names, argnums)
 
   def flat_function(self):
     def flat(*leaves):

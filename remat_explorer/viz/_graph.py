@@ -41,7 +41,6 @@ class Node:
   """The equations this node stands for (several once folded or elided)."""
   foldable: bool = False
   expanded: bool = False
-  recomputed_count: int = 0
   names: list[str] = field(default_factory=list)
   """The ``checkpoint_name``s of the values a folded node stands for."""
 

@@ -97,7 +97,7 @@ def _repeat_node(nid: str, segment: list[Node], period: int, repeats: int) -> No
   if 0 < recomputed < total:
     lines.append(f'{recomputed} of {total} recomputed')
   return Node(nid, lines, 'folded', recomputed=recomputed == total,
-              eqns=[e for n in segment for e in n.eqns], recomputed_count=recomputed,
+              eqns=[e for n in segment for e in n.eqns],
               names=names)
 
 
@@ -211,7 +211,7 @@ def _stand_in(section: Section, kind: str, gone: list[Node]) -> Node:
     lines.append(format_flops(sum(eqn_flops(e) for e in eqns)))
     if recomputed:
       lines.append(f'{recomputed} recomputed')
-  return Node(nid, lines, 'elided', eqns=eqns, recomputed_count=recomputed)
+  return Node(nid, lines, 'elided', eqns=eqns)
 
 
 def dedupe_blocks(blocks: list) -> list[tuple[object, list]]:

@@ -9,9 +9,11 @@ in KiB/MiB/GiB and FLOPs in kFLOP/MFLOP/GFLOP, scaled to the data.
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from typing import Mapping
 
+import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
@@ -25,6 +27,17 @@ from remat_explorer.viz.text import byte_unit, flop_unit, format_bytes, format_f
 BREAKDOWN_PARTS = ('arguments', 'outputs', 'residuals at peak', 'other temporaries')
 BREAKDOWN_COLORS = ('#9ecae1', '#c6dbef', '#d62728', '#fdae6b')
 FRONT_COLOR = '#2ca02c'
+
+
+def _literal_text(plot):
+  """Build the figure with mathtext off: labels hold names from the user's
+  program, and a ``$`` in one must print as a ``$``, not start a formula
+  that fails to render."""
+  @functools.wraps(plot)
+  def plot_with_literal_text(*args, **kwargs):
+    with matplotlib.rc_context({'text.parse_math': False}):
+      return plot(*args, **kwargs)
+  return plot_with_literal_text
 
 
 # -- memory by policy -------------------------------------------------------------
@@ -54,6 +67,7 @@ def costs_breakdown(costs: CompiledCosts) -> dict[str, int]:
           'residuals at peak': residuals, 'other temporaries': temp - residuals}
 
 
+@_literal_text
 def plot_memory_breakdown(comparison: Comparison) -> Figure:
   """One stacked bar per compiled policy: arguments, outputs, residual
   buffers live at the peak and the other temporaries, as XLA compiled them."""
@@ -104,6 +118,7 @@ def per_device_label(label: str, costs: CompiledCosts) -> str:
   return f'{label} · {placement_text(costs)}'
 
 
+@_literal_text
 def plot_per_device_memory(costs: Comparison | Mapping[str, CompiledCosts]) -> Figure:
   """Compiled memory of one device, one stacked bar per program: arguments,
   outputs, residual buffers live at the peak and the other temporaries.
@@ -153,6 +168,7 @@ def pareto_points(comparison: Comparison) -> list[tuple[str, int, int, bool]]:
           if not r.failed and r.peak_bytes is not None and r.flops is not None]
 
 
+@_literal_text
 def plot_pareto(comparison: Comparison, *, selected: str | None = None,
                 search_result=None) -> Figure:
   """Peak memory against FLOPs, one point per policy, with the Pareto front
@@ -208,6 +224,7 @@ def residual_bytes_by_origin(report: RematReport) -> dict[str, int]:
   return dict(sorted(groups.items(), key=lambda kv: -kv[1]))
 
 
+@_literal_text
 def plot_residuals_by_origin(report: RematReport) -> Figure:
   """Horizontal bars: residual bytes by origin under one policy."""
   groups = residual_bytes_by_origin(report)
@@ -241,6 +258,7 @@ def residual_live_bytes(costs: CompiledCosts) -> np.ndarray:
   return np.cumsum(delta)[:-1]
 
 
+@_literal_text
 def plot_memory_timeline(costs_by_label: Mapping[str, CompiledCosts]) -> Figure:
   """Live device bytes along each compiled program's schedule, overlaid.
 

@@ -111,9 +111,8 @@ def _chosen_blocks(report: RematReport, name: str | None) -> list[BlockReport]:
     if b.name == name:
       if not b.differentiated or b.known_jaxpr is None:
         raise ValueError(
-            f'block {name!r} was not split by differentiation (no differentiated '
-            'input reaches it, or it is nested in another block whose policy '
-            'decides); draw its parent instead.')
+            f'block {name!r} was not split by differentiation: no differentiated '
+            'input reaches it.')
       return [b]
   raise ValueError(f'no block named {name!r}; the report has '
                    f'{[b.name for b in report.blocks]}')
