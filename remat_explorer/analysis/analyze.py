@@ -300,7 +300,8 @@ def _recomputed_equations(split, in_unknowns, nested):
   used_unknowns = [u for u, used in zip(in_unknowns, split.staged_inputs_used) if used]
   unknown_inputs = staged.invars[split.num_residuals:]
   tangents = {v for v, u in zip(unknown_inputs, used_unknowns) if u}
-  return _tangent_free_equations(staged, tangents, None, nested)
+  return (_recomputed(*found) for found in
+          _tangent_free_equations(staged, tangents, None, nested))
 
 
 # Equations whose one sub-jaxpr takes their inputs and gives their outputs,
@@ -311,7 +312,8 @@ _CALL_JAXPR_PARAMS = {'checkpoint': 'jaxpr', 'jit': 'jaxpr', 'closed_call': 'cal
 def _tangent_free_equations(jaxpr, tangents: set, inside: int | None, nested,
                             trips: int = 1):
   """The equations of `jaxpr` that read no (co)tangent, given the variables
-  in `tangents` (which grows as the walk goes), each run `trips` times.
+  in `tangents` (which grows as the walk goes), each run `trips` times, as
+  ``(equation, index, inside, trips)`` for ``_recomputed``.
 
   A call or ``scan`` in the staged half that also reads tangents is looked
   into. For a ``jit`` or a ``scan``, the part of its body that reads no
@@ -328,7 +330,7 @@ def _tangent_free_equations(jaxpr, tangents: set, inside: int | None, nested,
     reads = [isinstance(v, core.Var) and v in tangents for v in eqn.invars]
     where = index if inside is None else inside
     if not any(reads):
-      yield _recomputed(eqn, index if inside is None else None, inside, trips)
+      yield eqn, index if inside is None else None, inside, trips
       continue
     body, body_reads, length = _looked_into(eqn, reads, nested)
     if body is None:
@@ -339,7 +341,7 @@ def _tangent_free_equations(jaxpr, tangents: set, inside: int | None, nested,
                                          trips * length))
     own_split = nested.of(body) if eqn.primitive is checkpoint_p else None
     if own_split is not None:
-      found = [_recomputed(e, None, where, trips) for e in own_split.known.eqns]
+      found = [(e, None, where, trips) for e in own_split.known.eqns]
     yield from found
     tangents.update(o for o, b in zip(eqn.outvars, body.outvars)
                     if isinstance(b, core.Var) and b in body_tangents)
