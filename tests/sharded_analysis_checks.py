@@ -279,12 +279,12 @@ def test_a_function_jitted_with_in_shardings_and_a_shard_map():
   assert compile_costs(inside, w, x).collective_count >= 1
 
 
-def test_a_program_under_set_mesh_with_explicit_axes():
-  """Inside ``jax.set_mesh``, with Explicit axes: shardings are in the types,
-  and bare PartitionSpecs name the context's mesh."""
+def _explicit_mesh_layer(seed):
+  """A layer on a 2 x 4 mesh with Explicit axes, its weights sharded by
+  columns and its batch by rows: (mesh, loss, w, x)."""
   explicit = jax.sharding.AxisType.Explicit
   mesh = jax.make_mesh((2, 4), ('data', 'model'), axis_types=(explicit,) * 2)
-  k = jax.random.split(jax.random.key(29), 2)
+  k = jax.random.split(jax.random.key(seed), 2)
   w = jax.device_put(jax.random.normal(k[0], (16, 16)) / 4, NamedSharding(mesh, P(None, 'model')))
   x = jax.device_put(jax.random.normal(k[1], (64, 16)), NamedSharding(mesh, P('data')))
 
@@ -293,6 +293,13 @@ def test_a_program_under_set_mesh_with_explicit_axes():
     return jnp.tanh(jnp.matmul(h, w, out_sharding=P('data')))
 
   loss = lambda w, x: jnp.sum(rx.checkpoint(layer, policy=cp.save_only_these_names('h'))(w, x) ** 2)
+  return mesh, loss, w, x
+
+
+def test_a_program_under_set_mesh_with_explicit_axes():
+  """Inside ``jax.set_mesh``, with Explicit axes: shardings are in the types,
+  and bare PartitionSpecs name the context's mesh."""
+  mesh, loss, w, x = _explicit_mesh_layer(29)
   with jax.set_mesh(mesh):
     report = analyze(loss, w, x)
     costs = compile_costs(loss, w, x)
@@ -307,16 +314,7 @@ def test_a_program_under_set_mesh_with_explicit_axes():
 def test_the_explorer_keeps_the_mesh_it_was_opened_under():
   """Widget callbacks and compiles run outside the ``jax.set_mesh`` block
   that opened the Explorer; they must still trace under its mesh."""
-  explicit = jax.sharding.AxisType.Explicit
-  mesh = jax.make_mesh((2, 4), ('data', 'model'), axis_types=(explicit,) * 2)
-  k = jax.random.split(jax.random.key(31), 2)
-  w = jax.device_put(jax.random.normal(k[0], (16, 16)) / 4, NamedSharding(mesh, P(None, 'model')))
-  x = jax.device_put(jax.random.normal(k[1], (64, 16)), NamedSharding(mesh, P('data')))
-
-  def loss(w, x):
-    h = rx.checkpoint(lambda w, x: jnp.sin(x @ w))(w, x)
-    return jnp.sum(jnp.tanh(jnp.matmul(h, w, out_sharding=P('data'))) ** 2)
-
+  mesh, loss, w, x = _explicit_mesh_layer(31)
   with jax.set_mesh(mesh):
     explorer = rx.explore(loss, w, x)
   explorer.wait(300)
