@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import remat_explorer as rx  # noqa: E402
 from remat_explorer import examples, viz  # noqa: E402
 from remat_explorer.analysis import analyze  # noqa: E402
+from remat_explorer.viz.split_graph import split_diagram  # noqa: E402
 
 
 def unrolled_mlp(num_layers: int):
@@ -59,8 +60,7 @@ def bench(label: str, f, args, repeats: int) -> None:
   digraph = viz.split_graph(report)
   svg_text = viz.to_svg(digraph)
   render = median_seconds(lambda: viz.to_svg(digraph), repeats)
-  nodes = sum(1 for line in digraph.source.splitlines()
-              if line.lstrip().startswith(('f', 'b')) and ' [label=' in line)
+  nodes = split_diagram(report).num_nodes()
   print(f'{label:<28} {equations:>7} {nodes:>6} {graph:>8.3f} {render:>8.3f} '
         f'{len(svg_text) / 1024:>8.0f} {trace:>8.3f} {(graph + render) / trace:>7.2f}')
 

@@ -207,6 +207,14 @@ class RematReport:
     return out
 
 
+def aval_text(aval) -> str:
+  """``f32[8,128]``: an abstract value as jaxprs print it."""
+  try:
+    return aval.str_short(short_dtypes=True)
+  except TypeError:  # abstract values other than arrays take no arguments
+    return aval.str_short()
+
+
 def _plain(value):
   """Dataclasses to dicts, tuples to lists, jaxprs to text, recursively."""
   if dataclasses.is_dataclass(value) and not isinstance(value, type):

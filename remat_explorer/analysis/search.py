@@ -23,7 +23,7 @@ from remat_explorer.analysis.analyze import analyze
 from remat_explorer.analysis.compare import builtin_policies
 from remat_explorer.analysis.compiled import CompiledCosts, compile_costs
 from remat_explorer.analysis.context import compiles_run
-from remat_explorer.analysis.report import RematReport, _plain
+from remat_explorer.analysis.report import RematReport, _plain, aval_text
 
 # Primitive kinds whose outputs the search may choose to save: the costly
 # ones to recompute. (XLA counts transcendentals as 0 FLOPs.)
@@ -57,7 +57,7 @@ class EquationSignature:
 
   @classmethod
   def of(cls, prim, avals, params) -> 'EquationSignature':
-    return cls(prim.name, tuple(_aval_text(a) for a in avals), _params_text(params))
+    return cls(prim.name, tuple(aval_text(a) for a in avals), _params_text(params))
 
   @classmethod
   def of_equation(cls, eqn) -> 'EquationSignature':
@@ -65,13 +65,6 @@ class EquationSignature:
 
   def __str__(self):
     return f"{self.primitive}({', '.join(self.inputs)})"
-
-
-def _aval_text(aval) -> str:
-  try:
-    return aval.str_short(short_dtypes=True)
-  except TypeError:  # abstract values other than arrays take no arguments
-    return aval.str_short()
 
 
 def _params_text(params) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from remat_explorer.analysis.report import BlockReport
+from remat_explorer.analysis.report import aval_text as report_aval_text
 
 
 @dataclass(frozen=True)
@@ -40,11 +41,8 @@ def aval_bytes(aval) -> int:
 
 
 def aval_text(atom) -> str:
-  aval = atom.aval
-  try:
-    return aval.str_short(short_dtypes=True)
-  except TypeError:  # abstract values other than arrays take no arguments
-    return aval.str_short()
+  """The type of a jaxpr variable or literal, as jaxprs print it."""
+  return report_aval_text(atom.aval)
 
 
 def block_split(block: BlockReport) -> BlockSplit:
