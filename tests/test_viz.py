@@ -127,7 +127,7 @@ def test_memory_timeline_overlays_policies(comparison):
   scale = byte_unit(max(c.timeline.peak_bytes for c in chosen.values()))
   for line, costs in zip(lines, chosen.values()):
     assert np.max(line.get_ydata()) == pytest.approx(costs.timeline.peak_bytes / scale)
-    residual = charts.residual_live_bytes(costs)
+    residual = np.array(costs.timeline.residual_bytes_by_step())
     assert np.all(residual <= np.array(costs.timeline.live_bytes))
   assert 'residual' in ax.get_title()
 

@@ -50,17 +50,13 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 
-from remat_explorer.analysis.timeline import _index, _leaves, parse_hlo_module
+from remat_explorer.analysis.hlo import HloModule, leaves
 
 KINDS = ('all-gather', 'reduce-scatter', 'all-reduce', 'all-to-all',
          'collective-permute')
 PHASES = ('forward', 'backward', 'recompute', 'unattributed')
 RECOMPUTE_SCOPE = 'rematted_computation'
 
-_CALLED = re.compile(
-    r'\b(?:calls|to_apply|body|condition|true_computation|false_computation)'
-    r'=%?([\w.\-]+)')
-_BRANCHES = re.compile(r'\bbranch_computations=\{([^}]*)\}')
 _TRIP_COUNT = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"(\d+)"')
 # Async wrappers name the computation they run in each of their parts.
 _FOLLOW_ONCE = {'async-update', 'async-done'}
@@ -112,10 +108,10 @@ class _Totals:
                  if (kind, phase) in self.count)
 
 
-def collectives_in_hlo(text: str, module=None) -> CollectiveSummary:
-  """Every collective of a compiled module, by kind and pass; `module` is
-  ``parse_hlo_module(text)`` where the caller has it already."""
-  comps, entry = module or parse_hlo_module(text)
+def collectives_in(module: HloModule) -> CollectiveSummary:
+  """Every collective of a compiled module (``hlo.parse_hlo``), by kind
+  and pass."""
+  comps, entry = module.computations, module.entry
   totals = _Totals()
   unknown = [False]
 
@@ -135,7 +131,7 @@ def collectives_in_hlo(text: str, module=None) -> CollectiveSummary:
       if ins.opcode == 'while':
         m = _TRIP_COUNT.search(ins.attrs)
         trips, loop_unknown = (int(m.group(1)), False) if m else (1, True)
-      for called in _called(ins.attrs):
+      for called in ins.all_called():
         walk(called, times * trips, in_unknown_loop or loop_unknown, (*seen, name))
 
   walk(entry, 1, False, ())
@@ -152,12 +148,12 @@ def _kind(opcode: str) -> str | None:
 def _operands(ins, readers) -> list[tuple[str, int]]:
   """(phase, bytes) of each collective an instruction carries: one per
   operand of a combined instruction, else one for all of it."""
-  leaves = _leaves(ins.shape)
+  arrays = leaves(ins.shape)
   names = combined_names(ins.op_name)
-  if len(names) > 1 and len(names) == len(leaves):
+  if len(names) > 1 and len(names) == len(arrays):
     return [(_phase(name, readers.of(ins, k)), leaf.bytes)
-            for k, (name, leaf) in enumerate(zip(names, leaves))]
-  return [(_phase(ins.op_name, readers.of(ins)), sum(x.bytes for x in leaves))]
+            for k, (name, leaf) in enumerate(zip(names, arrays))]
+  return [(_phase(ins.op_name, readers.of(ins)), sum(x.bytes for x in arrays))]
 
 
 def combined_names(op_name: str) -> list[str]:
@@ -214,7 +210,7 @@ class _Readers:
     start = self.users.get(ins.name, ())
     if element is not None:
       start = [u for u in start
-               if u.opcode != 'get-tuple-element' or _index(u) == element]
+               if u.opcode != 'get-tuple-element' or u.tuple_index == element]
     found, stack, seen = [], list(start), set()
     while stack:
       user = stack.pop()
@@ -226,13 +222,6 @@ class _Readers:
       else:
         found.append(user)
     return found
-
-
-def _called(attrs: str) -> list[str]:
-  names = _CALLED.findall(attrs)
-  for group in _BRANCHES.findall(attrs):
-    names += re.findall(r'%?([\w.\-]+)', group)
-  return names
 
 
 def count(collectives, *, phase: str | None = None, kind: str | None = None) -> int:

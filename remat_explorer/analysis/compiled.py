@@ -26,15 +26,15 @@ from typing import Any
 import jax
 import numpy as np
 
-from remat_explorer.analysis.collectives import Collective, collectives_in_hlo
+from remat_explorer.analysis.collectives import Collective, collectives_in
 from remat_explorer.analysis.collectives import count as count_collectives
 from remat_explorer.analysis.context import note_compile
 from remat_explorer.analysis.problem import Problem, check_positions
 from remat_explorer.analysis.program import PolicyChoice, policy_label
 from remat_explorer.analysis.sharding import compiled_placement, find_placement
 from remat_explorer.engine import _jax_internals as jx
-from remat_explorer.analysis.timeline import (MemoryTimeline, memory_timeline_from_hlo_text,
-                                              parse_hlo_module)
+from remat_explorer.analysis.hlo import parse_hlo
+from remat_explorer.analysis.timeline import MemoryTimeline, memory_timeline
 
 
 @dataclass(frozen=True)
@@ -267,13 +267,13 @@ def measure(step, leaves, *, function, policy, lowering, donate_argnums=(),
   notes = []
   devices = compiled_placement(compiled, placement)
   try:  # the timeline and the collectives are readings of XLA's text format
-    module = parse_hlo_module(hlo)
-    timeline = memory_timeline_from_hlo_text(hlo, module)
+    module = parse_hlo(hlo)
+    timeline = memory_timeline(compiled, module)
   except Exception as e:
     module, timeline = None, None
     notes.append(f'memory timeline unavailable: {type(e).__name__}: {e}')
   # A program on one device communicates with no other.
-  collectives = _collectives(hlo, module, notes) if devices.num_devices > 1 else ()
+  collectives = _collectives(module, notes) if devices.num_devices > 1 else ()
   run_seconds, measured_peak = _run(compiled, leaves, repeats, donate_argnums, notes)
   return CompiledCosts(
       **common,
@@ -324,9 +324,11 @@ def _cost_analysis(compiled) -> dict[str, float]:
   return {str(k): float(v) for k, v in cost.items()}
 
 
-def _collectives(hlo: str, module, notes: list[str]) -> tuple[Collective, ...]:
+def _collectives(module, notes: list[str]) -> tuple[Collective, ...]:
+  if module is None:
+    return ()
   try:
-    summary = collectives_in_hlo(hlo, module)
+    summary = collectives_in(module)
   except Exception as e:  # a reading of XLA's text format, like the timeline
     notes.append(f'collectives unavailable: {type(e).__name__}: {e}')
     return ()

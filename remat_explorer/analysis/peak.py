@@ -41,7 +41,7 @@ def residuals_at_peak(report: RematReport, costs: CompiledCosts) -> list[PeakRes
   if costs.failed or costs.timeline is None:
     return []
   timeline = costs.timeline
-  live = [b for b in timeline.live_at(timeline.peak_step) if b.is_residual]
+  live = timeline.residuals_at(timeline.peak_step)
   unused = [r for r in report.residuals if r.kind != 'argument']
   found = []
   for buffer in sorted(live, key=lambda b: -b.bytes):

@@ -55,12 +55,8 @@ def memory_breakdown(row: PolicyRow) -> dict[str, int]:
 def costs_breakdown(costs: CompiledCosts) -> dict[str, int]:
   """`memory_breakdown` of one compiled program: per device when it is
   partitioned, as XLA's figures are."""
-  residuals = 0
   timeline = costs.timeline
-  if timeline is not None:
-    residuals = sum(b.bytes for b in timeline.live_at(timeline.peak_step)
-                    if b.is_residual and b.memory_space == 0
-                    and not b.is_parameter and not b.is_output)
+  residuals = 0 if timeline is None else timeline.residual_bytes_at(timeline.peak_step)
   temp = costs.temp_bytes or 0
   residuals = min(residuals, temp)
   return {'arguments': costs.argument_bytes or 0, 'outputs': costs.output_bytes or 0,
@@ -247,17 +243,6 @@ def plot_residuals_by_origin(report: RematReport) -> Figure:
 
 # -- memory along the schedule ---------------------------------------------------------
 
-def residual_live_bytes(costs: CompiledCosts) -> np.ndarray:
-  """Device bytes held by residual buffers at each step of the timeline."""
-  timeline = costs.timeline
-  delta = np.zeros(len(timeline.steps) + 1, dtype=np.int64)
-  for b in timeline.buffers:
-    if b.is_residual and b.memory_space == 0:
-      delta[b.start] += b.bytes
-      delta[b.end + 1] -= b.bytes
-  return np.cumsum(delta)[:-1]
-
-
 @_literal_text
 def plot_memory_timeline(costs_by_label: Mapping[str, CompiledCosts]) -> Figure:
   """Live device bytes along each compiled program's schedule, overlaid.
@@ -275,9 +260,9 @@ def plot_memory_timeline(costs_by_label: Mapping[str, CompiledCosts]) -> Figure:
   for (label, costs), color in zip(shown.items(), colors):
     t = costs.timeline
     x = np.linspace(0, 1, len(t.steps))
-    ax.step(x, np.array(t.live_bytes) / scale, where='post', color=color,
+    ax.step(x, np.array(t.height) / scale, where='post', color=color,
             label=f'{short_label(label)} (peak {format_bytes(t.peak_bytes)})')
-    ax.fill_between(x, residual_live_bytes(costs) / scale, step='post', color=color,
+    ax.fill_between(x, np.array(t.residual_bytes_by_step()) / scale, step='post', color=color,
                     alpha=0.18)
     ax.scatter([x[t.peak_step]], [t.peak_bytes / scale], color=color, zorder=3, s=25)
   ax.set_xlabel('position in the compiled schedule')
