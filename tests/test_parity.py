@@ -99,3 +99,21 @@ def test_parity_float64(program, policy_id):
     _, lin_ours = jax.linearize(g_ours, *primals)
     _, lin_theirs = jax.linearize(g_theirs, *primals)
     assert_trees_equal(lin_ours(*tangents), lin_theirs(*tangents))
+
+
+def test_residuals_of_one_equation_are_rounded_in_jaxs_order():
+  """`sort` yields two saved outputs at once: each gets its reduce_precision,
+  right after the sort and in the order JAX puts them."""
+  def block(x, y):
+    a, b = jax.lax.sort((jax.numpy.sin(x), jax.numpy.cos(y)), num_keys=1)
+    return jax.numpy.sum(a * b * y)
+  x, y = _rng('sort').standard_normal((2, 5)).astype(np.float32)
+  ours = rx.checkpoint(block, policy=rx.checkpoint_policies.everything_saveable)
+  theirs = jax.checkpoint(block, policy=jax.checkpoint_policies.everything_saveable)
+  fwd_ours, bwd_ours = vjp_jaxprs(ours, [x, y])
+  fwd_theirs, bwd_theirs = vjp_jaxprs(theirs, [x, y])
+  equations = [line for line in str(fwd_ours).splitlines() if ' = ' in line]
+  sort = next(i for i, line in enumerate(equations) if '= sort[' in line)
+  assert all('= reduce_precision[' in line for line in equations[sort + 1:sort + 3])
+  assert normalized_jaxpr_text(fwd_ours) == normalized_jaxpr_text(fwd_theirs)
+  assert normalized_jaxpr_text(bwd_ours) == normalized_jaxpr_text(bwd_theirs)
