@@ -117,3 +117,32 @@ def test_residuals_of_one_equation_are_rounded_in_jaxs_order():
   assert all('= reduce_precision[' in line for line in equations[sort + 1:sort + 3])
   assert normalized_jaxpr_text(fwd_ours) == normalized_jaxpr_text(fwd_theirs)
   assert normalized_jaxpr_text(bwd_ours) == normalized_jaxpr_text(bwd_theirs)
+
+
+def _policy_questions():
+  """(primitive, avals, params) for each kind of equation a built-in policy
+  tells apart: dots with and without batch dimensions, a convolution, a
+  scaled matmul with a batch of one and of two, another primitive, and names."""
+  from jax.extend.core import Primitive
+  scaled = Primitive('scaled_matmul_wrapper')
+  one, two = (jax.core.ShapedArray((n, 4, 4), np.float32) for n in (1, 2))
+  name_p = jax.make_jaxpr(
+      lambda x: jax.ad_checkpoint.checkpoint_name(x, 'a'))(1.0).eqns[0].primitive
+  dims = lambda batch: dict(dimension_numbers=(((2,), (1,)), batch))
+  return [
+      (jax.lax.dot_general_p, (two, two), dims(((), ()))),
+      (jax.lax.dot_general_p, (two, two), dims(((0,), (0,)))),
+      (jax.lax.dot_general_p, (two, two), dims(((0,), ()))),
+      (jax.lax.conv_general_dilated_p, (two, two), {}),
+      (scaled, (one, one), {}), (scaled, (two, two), {}),
+      (jax.lax.sin_p, (two,), {}),
+      *[(name_p, (two,), dict(name=n)) for n in 'abc'],
+  ]
+
+
+@pytest.mark.parametrize('policy_id', [p for p in POLICIES if p != 'none'])
+def test_policies_answer_like_jaxs_on_each_kind_of_equation(policy_id):
+  ours, theirs = POLICIES[policy_id]
+  for prim, avals, params in _policy_questions():
+    answer, expected = ours(prim, *avals, **params), theirs(prim, *avals, **params)
+    assert (answer, type(answer)) == (expected, type(expected)), (prim, params)
