@@ -62,7 +62,8 @@ def checkpoint(fun: Callable, *, prevent_cse: bool | Sequence[bool] = True,
       scalars, or pytrees of them.
     prevent_cse: whether to stop XLA from merging the recompute with the
       forward pass (which would undo the memory saving). A bool, or a pytree
-      prefix of the positional arguments with one bool per leaf.
+      prefix of the positional arguments with one bool per leaf (of the pair
+      ``(positional, keyword)`` when keyword arguments are passed).
     policy: decides which intermediates may be saved, e.g. one of
       ``checkpoint_policies``. ``None`` saves nothing but the inputs.
     static_argnums: an int, or a tuple or list of ints: positions of
@@ -166,8 +167,7 @@ def checkpoint_name(x, name: str):
   if not isinstance(name, str):
     raise TypeError(f'checkpoint_name expects `name` to be a str, got '
                     f'{type(name).__name__}: {name!r}.')
-  return jax.tree_util.tree_map(
-      functools.partial(jx.jax_name_p.bind, name=name), x)
+  return jax.tree_util.tree_map(lambda leaf: jx.jax_name_p.bind(leaf, name=name), x)
 
 
 # -- argument handling --------------------------------------------------------
@@ -219,8 +219,8 @@ def _per_input_prevent_cse(prevent_cse, num_consts, dynamic_args, dynamic_kwargs
   the traced arguments take theirs from `prevent_cse` as a pytree prefix."""
   if isinstance(prevent_cse, bool):
     return prevent_cse
-  # The prefix covers the positional arguments; keyword arguments, when there
-  # are any, form a second tree that `prevent_cse` cannot reach into.
+  # Without keyword arguments `prevent_cse` is a prefix of the positional
+  # ones; with them, of the pair (positional, keyword), as in JAX.
   tree = ((tuple(dynamic_args), dynamic_kwargs) if dynamic_kwargs
           else tuple(dynamic_args))
   return (False,) * num_consts + tuple(jx.broadcast_prefix(prevent_cse, tree))
