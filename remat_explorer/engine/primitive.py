@@ -102,7 +102,7 @@ def _jvp(primals, tangents, *, jaxpr, prevent_cse, **params):
   jvp_jaxpr = pe.convert_constvars_jaxpr(jvp_closed.jaxpr)
   _note_derived(jvp_jaxpr, jaxpr)
   nonzero_tangents = [t for t, nz in zip(tangents, nonzero) if nz]
-  # Constants need no protection; tangents, like the primals, do.
+  # Constants need no protection; the tangents are always protected.
   prevent_cse = _derived_prevent_cse(
       prevent_cse, before=(False,) * len(jvp_closed.consts),
       after=(True,) * len(nonzero_tangents))
