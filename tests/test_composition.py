@@ -115,6 +115,59 @@ def test_debug_callback_inside_runs_as_often_as_under_jax(ordered):
   assert counts['ours'] == counts['jax'] >= 1
 
 
+# -- a block whose outputs are unused, with a debug callback inside -----------
+#
+# A deliberate difference (README, "Deliberate differences"): ours keeps such
+# a block, so its callback runs as it would without remat, whether or not the
+# callback reads the block's inputs. JAX 0.10.2's DCE rule drops the block
+# when the callback reads none of them.
+
+def _callback_calls(ck, situation, ordered, reads_input, output_used=False):
+  """How often a debug callback inside `ck(block)` runs; by default the
+  caller discards the block's output."""
+  calls = []
+
+  def block(x):
+    if reads_input:
+      jax.debug.callback(lambda v: calls.append(None), x, ordered=ordered)
+    else:
+      jax.debug.callback(lambda: calls.append(None), ordered=ordered)
+    return jnp.sin(x)
+
+  def caller(x):
+    y = ck(block)(x)
+    return jnp.sum(x * (y if output_used else x))
+
+  run = {'eager': caller, 'jit': jax.jit(caller), 'grad': jax.grad(caller),
+         'jit(grad)': jax.jit(jax.grad(caller))}[situation]
+  jax.block_until_ready(run(X))
+  jax.effects_barrier()
+  return len(calls)
+
+
+# (ours, JAX's) call counts when the callback reads none of the block's inputs.
+_DISCARDED_BLOCK_CALLS = {'eager': (1, 1), 'jit': (1, 0), 'grad': (2, 1), 'jit(grad)': (2, 1)}
+
+
+@pytest.mark.parametrize('ordered', [False, True], ids=['unordered', 'ordered'])
+@pytest.mark.parametrize('situation', list(_DISCARDED_BLOCK_CALLS))
+def test_a_discarded_block_still_runs_its_callback(situation, ordered):
+  def count(ck, reads_input=False, **kw):
+    return _callback_calls(ck, situation, ordered, reads_input, **kw)
+  ours, theirs = count(rx.checkpoint), count(jax.checkpoint)
+  assert (ours, theirs) == _DISCARDED_BLOCK_CALLS[situation]
+  # Ours does not depend on what the callback reads; JAX agrees with ours
+  # when the callback reads an input of the block.
+  assert count(rx.checkpoint, reads_input=True) == ours
+  assert count(jax.checkpoint, reads_input=True) == ours
+  # Nor on whether the output is used: as often as JAX runs it then.
+  assert count(rx.checkpoint, output_used=True) == ours
+  assert count(jax.checkpoint, output_used=True) == ours
+  if situation in ('eager', 'jit'):
+    # Without differentiation, once: as often as without remat.
+    assert ours == count(lambda f: f) == 1
+
+
 @pytest.mark.parametrize('ordered', [True, False], ids=['ordered', 'unordered'])
 def test_io_callback_is_refused_naming_the_effect_like_jax(ordered):
   # io_callback has no JVP, so it reads nothing differentiated here; its

@@ -14,17 +14,32 @@ def _grad(f, *args):
   return jax.grad(lambda x: jnp.sum(f(x, *args)))(X)
 
 
-@pytest.mark.parametrize('bad', ['1', 1.5, (0, 'x'), None])
+@pytest.mark.parametrize('bad', ['1', 1.5, (0, 'x'), None, True, (False,)])
 def test_static_argnums_must_be_ints(bad):
-  with pytest.raises(TypeError, match='static_argnums.*must be an int, tuple of ints'):
+  with pytest.raises(TypeError, match=r'`static_argnums`.* takes an int or a tuple or '
+                                      r'list of ints .*bools are refused'):
     rx.checkpoint(lambda x, n: x, static_argnums=bad)
+
+
+@pytest.mark.parametrize('good', [1, -1, (1,), [0, 1]])
+def test_static_argnums_takes_an_int_a_tuple_or_a_list(good):
+  f = rx.checkpoint(lambda x, n: x * n, static_argnums=good)
+  np.testing.assert_allclose(f(2, 3), 6)
 
 
 @pytest.mark.parametrize('bad', [2, -3, (0, 5)])
 def test_static_argnums_out_of_range(bad):
   f = rx.checkpoint(lambda x, n: x * n, static_argnums=bad)
-  with pytest.raises(ValueError, match=r'static_argnums.*len\(args\)` = 2'):
+  with pytest.raises(ValueError, match=r'`static_argnums`.*passes 2 positional '
+                                       r'argument.*between -2 and 1'):
     f(X, 2)
+
+
+def test_static_argnums_without_positional_arguments():
+  f = rx.checkpoint(lambda *, n: n, static_argnums=0)
+  with pytest.raises(ValueError, match=r'`static_argnums`.*passes 0 positional '
+                                       r'argument.*no position to mark static'):
+    f(n=X)
 
 
 def test_unhashable_static_value_names_the_argument():
@@ -69,8 +84,11 @@ def test_policy_must_be_callable():
 
 
 def test_prevent_cse_type():
-  with pytest.raises(TypeError, match='prevent_cse must be a bool or tuple of bools'):
+  with pytest.raises(TypeError, match=r'`prevent_cse`.* takes a bool, or a tuple or '
+                                      r'list of bools.*got int: 1'):
     rx.checkpoint(jnp.sin, prevent_cse=1)
+  with pytest.raises(TypeError, match='`prevent_cse`.*got str'):
+    rx.checkpoint(jnp.sin, prevent_cse='yes')
 
 
 def test_concrete_is_gone_with_an_explanation():
@@ -84,7 +102,7 @@ def test_concretization_error_suggests_static_argnums():
   def block(x, n):
     return x if n > 0 else -x
   with pytest.raises(jax.errors.ConcretizationTypeError,
-                     match='Consider using the `static_argnums` parameter'):
+                     match='(?s)for checkpoint.*mark it static with `static_argnums`'):
     rx.checkpoint(block)(X, 1)
 
 

@@ -99,3 +99,50 @@ def test_parity_float64(program, policy_id):
     _, lin_ours = jax.linearize(g_ours, *primals)
     _, lin_theirs = jax.linearize(g_theirs, *primals)
     assert_trees_equal(lin_ours(*tangents), lin_theirs(*tangents))
+
+
+def test_residuals_of_one_equation_are_rounded_in_jaxs_order():
+  """`sort` yields two saved outputs at once: each gets its reduce_precision,
+  right after the sort and in the order JAX puts them."""
+  def block(x, y):
+    a, b = jax.lax.sort((jax.numpy.sin(x), jax.numpy.cos(y)), num_keys=1)
+    return jax.numpy.sum(a * b * y)
+  x, y = _rng('sort').standard_normal((2, 5)).astype(np.float32)
+  ours = rx.checkpoint(block, policy=rx.checkpoint_policies.everything_saveable)
+  theirs = jax.checkpoint(block, policy=jax.checkpoint_policies.everything_saveable)
+  fwd_ours, bwd_ours = vjp_jaxprs(ours, [x, y])
+  fwd_theirs, bwd_theirs = vjp_jaxprs(theirs, [x, y])
+  equations = [line for line in str(fwd_ours).splitlines() if ' = ' in line]
+  sort = next(i for i, line in enumerate(equations) if '= sort[' in line)
+  assert all('= reduce_precision[' in line for line in equations[sort + 1:sort + 3])
+  assert normalized_jaxpr_text(fwd_ours) == normalized_jaxpr_text(fwd_theirs)
+  assert normalized_jaxpr_text(bwd_ours) == normalized_jaxpr_text(bwd_theirs)
+
+
+def _policy_questions():
+  """(primitive, avals, params) for each kind of equation a built-in policy
+  tells apart: dots with and without batch dimensions, a convolution, a
+  scaled matmul with a batch of one and of two, another primitive, and names."""
+  from jax.extend.core import Primitive
+  scaled = Primitive('scaled_matmul_wrapper')
+  one, two = (jax.core.ShapedArray((n, 4, 4), np.float32) for n in (1, 2))
+  name_p = jax.make_jaxpr(
+      lambda x: jax.ad_checkpoint.checkpoint_name(x, 'a'))(1.0).eqns[0].primitive
+  dims = lambda batch: dict(dimension_numbers=(((2,), (1,)), batch))
+  return [
+      (jax.lax.dot_general_p, (two, two), dims(((), ()))),
+      (jax.lax.dot_general_p, (two, two), dims(((0,), (0,)))),
+      (jax.lax.dot_general_p, (two, two), dims(((0,), ()))),
+      (jax.lax.conv_general_dilated_p, (two, two), {}),
+      (scaled, (one, one), {}), (scaled, (two, two), {}),
+      (jax.lax.sin_p, (two,), {}),
+      *[(name_p, (two,), dict(name=n)) for n in 'abc'],
+  ]
+
+
+@pytest.mark.parametrize('policy_id', [p for p in POLICIES if p != 'none'])
+def test_policies_answer_like_jaxs_on_each_kind_of_equation(policy_id):
+  ours, theirs = POLICIES[policy_id]
+  for prim, avals, params in _policy_questions():
+    answer, expected = ours(prim, *avals, **params), theirs(prim, *avals, **params)
+    assert (answer, type(answer)) == (expected, type(expected)), (prim, params)

@@ -7,6 +7,7 @@ the ``checkpoint`` primitive on it. Signatures and behaviour follow
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -33,10 +34,13 @@ _CONCRETE_REMOVED = (
     'function and close over it.')
 
 _STATIC_ARGNUMS_HINT = (
-    'Consider using the `static_argnums` parameter for `jax.remat` or '
-    '`jax.checkpoint`. See the `jax.checkpoint` docstring and its example '
-    'involving `static_argnums`:\n'
-    'https://docs.jax.dev/en/latest/_autosummary/jax.checkpoint.html\n')
+    'A checkpointed function is traced, so Python control flow (`if`, `while`, '
+    '`int(x)`, ...) cannot depend on the values of its arguments. To branch '
+    'on an argument, mark it static with `static_argnums` (or '
+    '`static_argnames` for a keyword argument): the function is then traced '
+    'once per value of it. See the `static_argnums` example in the docstring '
+    'of `remat_explorer.checkpoint`; or compute the branch outside the '
+    'checkpointed function and close over it.')
 
 
 def checkpoint(fun: Callable, *, prevent_cse: bool | Sequence[bool] = True,
@@ -58,11 +62,13 @@ def checkpoint(fun: Callable, *, prevent_cse: bool | Sequence[bool] = True,
       scalars, or pytrees of them.
     prevent_cse: whether to stop XLA from merging the recompute with the
       forward pass (which would undo the memory saving). A bool, or a pytree
-      prefix of the positional arguments with one bool per leaf.
+      prefix of the positional arguments with one bool per leaf (of the pair
+      ``(positional, keyword)`` when keyword arguments are passed).
     policy: decides which intermediates may be saved, e.g. one of
       ``checkpoint_policies``. ``None`` saves nothing but the inputs.
-    static_argnums: positions of arguments that are Python values to
-      specialise on rather than trace (they must be hashable).
+    static_argnums: an int, or a tuple or list of ints: positions of
+      arguments that are Python values to specialise on rather than trace
+      (they must be hashable). Negative positions count from the end.
     static_argnames: names of keyword arguments to treat the same way.
     lowering: how the backward pass's recompute is protected from XLA:
       ``"barrier"`` (the default, as JAX does today), ``"cond"``, ``"while"``
@@ -84,6 +90,15 @@ def checkpoint(fun: Callable, *, prevent_cse: bool | Sequence[bool] = True,
     >>> g = checkpoint(lambda x: jnp.sin(jnp.sin(x)))
     >>> float(jax.grad(g)(2.0))  # doctest: +ELLIPSIS
     -0.255...
+
+    Python control flow on an argument needs that argument static:
+
+    >>> import functools
+    >>> @functools.partial(checkpoint, static_argnums=1)
+    ... def layer(x, training):
+    ...   return jnp.sin(x) if training else x
+    >>> float(jax.grad(layer)(2.0, True))  # doctest: +ELLIPSIS
+    -0.416...
   """
   if concrete is not _NOT_GIVEN:
     raise NotImplementedError(_CONCRETE_REMOVED)
@@ -119,13 +134,8 @@ def checkpoint(fun: Callable, *, prevent_cse: bool | Sequence[bool] = True,
     jaxpr, consts, out_tree = _trace(traced_fun, in_tree, in_avals, dbg)
     if ref_effects == 'replay':
       check_replay_is_sound(jaxpr, dbg.func_name)
-    if isinstance(prevent_cse, tuple):
-      cse_prefix = ((tuple(dynamic_args), dynamic_kwargs) if dynamic_kwargs
-                    else tuple(dynamic_args))
-      per_input = tuple(jx.broadcast_prefix(prevent_cse, cse_prefix))
-      cse = (False,) * len(consts) + per_input
-    else:
-      cse = prevent_cse
+    cse = _per_input_prevent_cse(prevent_cse, len(consts), dynamic_args,
+                                 dynamic_kwargs)
     outs = checkpoint_p.bind(*consts, *flat_args, jaxpr=jaxpr, prevent_cse=cse,
                              differentiated=False, policy=policy,
                              lowering=current_strategy(lowering),
@@ -157,60 +167,89 @@ def checkpoint_name(x, name: str):
   if not isinstance(name, str):
     raise TypeError(f'checkpoint_name expects `name` to be a str, got '
                     f'{type(name).__name__}: {name!r}.')
-  return jax.tree_util.tree_map(
-      functools.partial(jx.jax_name_p.bind, name=name), x)
+  return jax.tree_util.tree_map(lambda leaf: jx.jax_name_p.bind(leaf, name=name), x)
 
 
 # -- argument handling --------------------------------------------------------
 
 def _normalize_prevent_cse(prevent_cse):
+  """A bool, or a tuple that is a pytree prefix of the positional arguments."""
+  if isinstance(prevent_cse, bool):
+    return prevent_cse
   if isinstance(prevent_cse, Sequence) and not isinstance(prevent_cse, str):
-    prevent_cse = tuple(prevent_cse)
-  if not isinstance(prevent_cse, (bool, tuple)):
-    raise TypeError('prevent_cse must be a bool or tuple of bools, got '
-                    f'{type(prevent_cse)=}')
-  return prevent_cse
+    return tuple(prevent_cse)
+  raise TypeError(
+      'the `prevent_cse` argument of checkpoint takes a bool, or a tuple or '
+      'list of bools (a pytree prefix of the positional arguments), but got '
+      f'{type(prevent_cse).__name__}: {prevent_cse!r}.')
 
 
-def _normalize_static_argnums(static_argnums):
-  if type(static_argnums) is int:
-    return (static_argnums,)
-  if isinstance(static_argnums, list):
-    static_argnums = tuple(static_argnums)
-  if not (type(static_argnums) is tuple
-          and all(type(i) is int for i in static_argnums)):
-    raise TypeError('the `static_argnums` argument to `jax.checkpoint` / '
-                    '`jax.remat` must be an int, tuple of ints or, bool, but '
-                    f'got value {static_argnums}')
-  return static_argnums
+def _is_position(value) -> bool:
+  # Exactly int: True and False are ints to Python, but not positions.
+  return type(value) is int
+
+
+def _normalize_static_argnums(static_argnums) -> tuple[int, ...]:
+  positions = ((static_argnums,) if _is_position(static_argnums)
+               else static_argnums)
+  if type(positions) in (tuple, list) and all(map(_is_position, positions)):
+    return tuple(positions)
+  raise TypeError(
+      'the `static_argnums` argument of checkpoint takes an int or a tuple or '
+      'list of ints (positions of positional arguments; bools are refused), '
+      f'but got {type(static_argnums).__name__}: {static_argnums!r}.')
 
 
 def _check_static_argnums_in_range(static_argnums, num_args):
-  if not all(-num_args <= i < num_args for i in static_argnums):
-    raise ValueError('the `static_argnums` argument to `jax.checkpoint` / '
-                     '`jax.remat` can only take integer values greater than or '
-                     'equal to `-len(args)` and less than `len(args)`, but got '
-                     f'{static_argnums}, while `len(args)` = {num_args}')
+  missing = [i for i in static_argnums if not -num_args <= i < num_args]
+  if not missing:
+    return
+  if num_args:
+    allowed = f'each position must lie between {-num_args} and {num_args - 1}'
+  else:
+    allowed = 'there is no position to mark static'
+  raise ValueError(
+      f'the `static_argnums` argument of checkpoint, {static_argnums}, names '
+      f'position(s) {missing}, but the call passes {num_args} positional '
+      f'argument(s): {allowed}.')
 
+
+def _per_input_prevent_cse(prevent_cse, num_consts, dynamic_args, dynamic_kwargs):
+  """One flag per input of the bound jaxpr: constants never need protecting;
+  the traced arguments take theirs from `prevent_cse` as a pytree prefix."""
+  if isinstance(prevent_cse, bool):
+    return prevent_cse
+  # Without keyword arguments `prevent_cse` is a prefix of the positional
+  # ones; with them, of the pair (positional, keyword), as in JAX.
+  tree = ((tuple(dynamic_args), dynamic_kwargs) if dynamic_kwargs
+          else tuple(dynamic_args))
+  return (False,) * num_consts + tuple(jx.broadcast_prefix(prevent_cse, tree))
+
+
+# -- static arguments ---------------------------------------------------------
+#
+# Static arguments are taken out of the call and put back by a wrapper of
+# `fun` that closes over their values. Equal static values must give the same
+# wrapper, so that the trace cache (`_trace`) is hit and a call with the same
+# static values is not traced again.
 
 def _split_static_args(fun, static_argnums, static_argnames, args, kwargs):
-  """Separate static arguments from traced ones; return a function of the
-  traced ones only (cached, so equal static values reuse one trace)."""
-  static_positions = frozenset(i % len(args) for i in static_argnums)
-  static_kw = tuple(sorted(k for k in kwargs if k in static_argnames))
-  if not static_positions and not static_kw:
+  """(function of the traced arguments only, traced positional arguments,
+  traced keyword arguments)."""
+  positions = frozenset(i % len(args) for i in static_argnums)
+  names = sorted(k for k in kwargs if k in static_argnames)
+  if not positions and not names:
     return fun, args, kwargs
-  static_values = tuple(_Static(args[i], f'positional argument {i}')
-                        for i in sorted(static_positions))
-  static_kw_values = tuple((k, _Static(kwargs[k], f'keyword argument {k!r}'))
-                           for k in static_kw)
-  dynamic_args = [x for i, x in enumerate(args) if i not in static_positions]
-  dynamic_kwargs = {k: v for k, v in kwargs.items() if k not in static_kw}
-  any_tracer = any(isinstance(s.value, core.Tracer)
-                   for s in static_values + tuple(v for _, v in static_kw_values))
-  make = _with_static_args if any_tracer else _with_static_args_cached
-  return (make(fun, static_positions, static_values, static_kw_values, len(args)),
-          dynamic_args, dynamic_kwargs)
+  statics = _Statics(
+      num_args=len(args),
+      positional=tuple((i, _Static(args[i], f'positional argument {i}'))
+                       for i in sorted(positions)),
+      keyword=tuple((k, _Static(kwargs[k], f'keyword argument {k!r}'))
+                    for k in names))
+  wrap = _reinserting_uncached if statics.holds_a_tracer() else _reinserting
+  return (wrap(fun, statics),
+          [x for i, x in enumerate(args) if i not in positions],
+          {k: v for k, v in kwargs.items() if k not in names})
 
 
 class _Static:
@@ -241,28 +280,56 @@ class _Static:
     return type(self.value) is type(other.value) and self.value == other.value
 
 
-def _with_static_args(fun, static_positions, static_values, static_kw_values,
-                      num_args):
-  def with_statics(*dynamic_args, **dynamic_kwargs):
-    statics, dynamics = iter(static_values), iter(dynamic_args)
-    args = [next(statics).value if i in static_positions else next(dynamics)
-            for i in range(num_args)]
-    kwargs = dict(dynamic_kwargs, **{k: s.value for k, s in static_kw_values})
+@dataclasses.dataclass(frozen=True)
+class _Statics:
+  """The static arguments of one call, and where each goes back in."""
+  num_args: int
+  positional: tuple[tuple[int, _Static], ...]
+  keyword: tuple[tuple[str, _Static], ...]
+
+  def holds_a_tracer(self) -> bool:
+    # A tracer is compared by identity, so caching on it only leaks.
+    return any(isinstance(s.value, core.Tracer)
+               for _, s in self.positional + self.keyword)
+
+  def reinsert(self, dynamic_args, dynamic_kwargs):
+    """The full call's (args, kwargs), static values back in their places."""
+    at = dict(self.positional)
+    remaining = iter(dynamic_args)
+    args = [at[i].value if i in at else next(remaining)
+            for i in range(self.num_args)]
+    kwargs = {**dynamic_kwargs, **{k: s.value for k, s in self.keyword}}
+    return args, kwargs
+
+
+def _reinserting_uncached(fun, statics: _Statics):
+  def with_static_args(*dynamic_args, **dynamic_kwargs):
+    args, kwargs = statics.reinsert(dynamic_args, dynamic_kwargs)
     return fun(*args, **kwargs)
-  return with_statics
+  return with_static_args
 
-_with_static_args_cached = jx.weakref_lru_cache(_with_static_args)
+_reinserting = jx.weakref_lru_cache(_reinserting_uncached)
 
+
+# -- tracing ------------------------------------------------------------------
 
 @jx.weakref_lru_cache
 def _trace(fun, in_tree, in_avals, dbg):
-  """Trace `fun` to a jaxpr with its constants as leading inputs."""
+  """`fun`'s jaxpr, its constants as leading inputs; the constants; and the
+  tree of its outputs. Cached on `fun` and the abstract arguments."""
   try:
     closed, out_avals = pe.trace_to_jaxpr(
         fun, jx.FlatTree(in_avals, in_tree, False), dbg)
   except core.ConcretizationTypeError as e:
-    message, = e.args
-    if 'for checkpoint' in message:
-      e.args = (message + '\n\n' + _STATIC_ARGNUMS_HINT,)
+    _suggest_static_argnums(e)
     raise
   return pe.convert_constvars_jaxpr(closed.jaxpr), closed.consts, out_avals.tree
+
+
+def _suggest_static_argnums(error) -> None:
+  """Append the usual way out to a concretization error from our trace."""
+  message, = error.args
+  # The message names what the function was being traced for; ours is the
+  # 'checkpoint / remat' of the debug info made in `checkpoint`.
+  if 'for checkpoint' in message:
+    error.args = (f'{message}\n\n{_STATIC_ARGNUMS_HINT}',)

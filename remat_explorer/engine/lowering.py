@@ -71,12 +71,12 @@ def current_strategy(explicit: str | None) -> str:
 def lower_checkpoint(ctx, *args, jaxpr, prevent_cse, differentiated, policy,
                      lowering, ref_effects):
   del policy, ref_effects  # refs are discharged before lowering
-  if isinstance(prevent_cse, bool):
-    prevent_cse = (prevent_cse,) * len(ctx.avals_in)
-  if not (differentiated and any(prevent_cse)) or lowering == 'none':
-    return _inline(ctx, args, jaxpr)
+  protect = _protected_inputs(prevent_cse, len(args))
+  if lowering == 'none' or not differentiated or not any(protect):
+    # The forward copy, or nothing asked to be protected: plain inline code.
+    return _lower_body(ctx, jaxpr, args)
   if lowering == 'barrier':
-    return _inline(ctx, _behind_optimization_barrier(ctx, args, prevent_cse), jaxpr)
+    return _lower_body(ctx, jaxpr, _behind_optimization_barrier(ctx, args, protect))
   if jaxpr.effects:
     raise NotImplementedError(
         f'checkpoint(lowering={lowering!r}) cannot lower a block with effects '
@@ -85,26 +85,38 @@ def lower_checkpoint(ctx, *args, jaxpr, prevent_cse, differentiated, policy,
   return mlir.lower_fun(lambda *xs: recompute(jaxpr, xs), multiple_results=True)(ctx, *args)
 
 
-def _inline(ctx, args, jaxpr):
-  outs, tokens_out = mlir.jaxpr_subcomp(
+def _protected_inputs(prevent_cse, num_inputs) -> tuple[bool, ...]:
+  """For each input, whether the recompute must not be merged across it."""
+  if isinstance(prevent_cse, bool):
+    return (prevent_cse,) * num_inputs
+  return prevent_cse
+
+
+def _lower_body(ctx, jaxpr, inputs):
+  """Emit the block's equations in place, under a `checkpoint` name scope,
+  threading the effect tokens through them."""
+  outs, tokens = mlir.jaxpr_subcomp(
       ctx.module_context, jaxpr, ctx.name_stack.extend('checkpoint'),
-      ctx.tokens_in, (), *args, dim_var_values=ctx.dim_var_values,
-      const_lowering=ctx.const_lowering, outer_traceback=ctx.traceback)
-  ctx.set_tokens_out(tokens_out)
+      ctx.tokens_in, (), *inputs,
+      dim_var_values=ctx.dim_var_values, const_lowering=ctx.const_lowering,
+      outer_traceback=ctx.traceback)
+  ctx.set_tokens_out(tokens)
   return outs
 
 
-def _behind_optimization_barrier(ctx, args, protect):
-  """Route the protected inputs through one `optimization_barrier`."""
-  unprotected, protected = jx.partition_list(protect, args)
-  _, protected_avals = jx.partition_list(protect, ctx.avals_in)
-  flat_values, _ = mlir.ir_tree_registry.flatten(protected)
-  barrier = jx.hlo.OptimizationBarrierOp(flat_values)
-  _, value_tree = mlir.ir_tree_registry.flatten(
-      [mlir._aval_to_ir_types(ctx.module_context, a) for a in protected_avals])
-  results = [mlir.lower_with_sharding_in_types(ctx, r, a)
-             for r, a in zip(barrier.results, protected_avals)]
-  return jx.merge_lists(protect, unprotected, value_tree.unflatten(results))
+def _behind_optimization_barrier(ctx, inputs, protect):
+  """`inputs`, the protected ones replaced by their values after a single
+  `optimization_barrier`: XLA cannot see through it, so it can neither start
+  the recompute before those values arrive nor merge it with the forward pass.
+  """
+  positions = [i for i, p in enumerate(protect) if p]
+  # Each array input is one IR value, so results pair up with positions.
+  barrier = jx.hlo.OptimizationBarrierOp([inputs[i] for i in positions])
+  guarded = list(inputs)
+  for i, result in zip(positions, barrier.results, strict=True):
+    # Keep the sharding the input's type carries (explicit-axes meshes).
+    guarded[i] = mlir.lower_with_sharding_in_types(ctx, result, ctx.avals_in[i])
+  return guarded
 
 
 def _run(jaxpr, args):

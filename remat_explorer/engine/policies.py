@@ -24,15 +24,31 @@ Recompute = jx.Recompute
 Offloadable = jx.Offloadable
 
 
-def _is_named(prim) -> bool:
-  return prim is jx.jax_name_p
+# cuDNN's scaled matmul is recognised by name, so as not to import its module.
+_SCALED_MATMUL = 'scaled_matmul_wrapper'
 
 
-def _is_dot_without_batch_dims(prim, params) -> bool:
-  if prim is not jx.dot_general_p:
-    return False
-  _, (lhs_batch, rhs_batch) = params['dimension_numbers']
-  return not lhs_batch and not rhs_batch
+def _name_of(prim, params) -> str | None:
+  """The name a ``checkpoint_name`` equation gives its output; None for any
+  other equation."""
+  return params['name'] if prim is jx.jax_name_p else None
+
+
+def _is_matmul_like(prim) -> bool:
+  return (prim is jx.dot_general_p or prim is jx.conv_general_dilated_p
+          or prim.name == _SCALED_MATMUL)
+
+
+def _has_no_batch_dims(prim, avals, params) -> bool:
+  """Whether a matmul-like equation has no batch dimension. A scaled
+  matmul's leading axis is its batch, so a batch of one counts as none; a
+  convolution never counts as unbatched (JAX's policy never saves one)."""
+  if prim is jx.dot_general_p:
+    _, batch_dims = params['dimension_numbers']
+    return not any(batch_dims)
+  if prim.name == _SCALED_MATMUL:
+    return avals[0].shape[0] == 1
+  return False
 
 
 def everything_saveable(*_, **__) -> bool:
@@ -49,20 +65,16 @@ def nothing_saveable(*_, **__) -> bool:
 class DotsSaveable:
   """Save the outputs of matrix multiplies and convolutions.
 
-  With ``only_if_no_batch_dims``, only ``dot_general``s without batch
-  dimensions are saved (weight matmuls, not attention's batched products).
+  With ``only_if_no_batch_dims``, only the unbatched ones (weight matmuls,
+  not attention's batched products; see ``_has_no_batch_dims``).
   """
   only_if_no_batch_dims: bool
 
   def __call__(self, prim, *avals, **params) -> bool:
-    # cuDNN's scaled matmul is matched by name to avoid importing its module.
-    is_scaled_matmul = prim.name == 'scaled_matmul_wrapper'
-    if self.only_if_no_batch_dims:
-      if is_scaled_matmul:
-        return avals[0].shape[0] == 1  # a batch of one is no batch
-      return _is_dot_without_batch_dims(prim, params)
-    return (prim is jx.dot_general_p or prim is jx.conv_general_dilated_p
-            or is_scaled_matmul)
+    if not _is_matmul_like(prim):
+      return False
+    return (not self.only_if_no_batch_dims
+            or _has_no_batch_dims(prim, avals, params))
 
 
 dots_saveable = checkpoint_dots = DotsSaveable(only_if_no_batch_dims=False)
@@ -76,7 +88,7 @@ class SaveOnlyTheseNames:
   names: frozenset[str]
 
   def __call__(self, prim, *_, **params) -> bool:
-    return _is_named(prim) and params['name'] in self.names
+    return _name_of(prim, params) in self.names
 
 
 @dataclass(frozen=True)
@@ -85,7 +97,8 @@ class SaveAnyNamesButThese:
   names: frozenset[str]
 
   def __call__(self, prim, *_, **params) -> bool:
-    return _is_named(prim) and params['name'] not in self.names
+    name = _name_of(prim, params)
+    return name is not None and name not in self.names
 
 
 @dataclass(frozen=True)
@@ -144,11 +157,11 @@ class SaveAndOffloadOnlyTheseNames:
   offload_dst: str
 
   def __call__(self, prim, *_, **params):
-    if _is_named(prim):
-      if params['name'] in self.saved:
-        return Saveable
-      if params['name'] in self.offloaded:
-        return Offloadable(src=self.offload_src, dst=self.offload_dst)
+    name = _name_of(prim, params)
+    if name in self.saved:
+      return Saveable
+    if name in self.offloaded:
+      return Offloadable(src=self.offload_src, dst=self.offload_dst)
     return Recompute
 
 
@@ -185,8 +198,8 @@ class OffloadDotWithNoBatchDims:
   offload_src: str
   offload_dst: str
 
-  def __call__(self, prim, *_, **params):
-    if _is_dot_without_batch_dims(prim, params):
+  def __call__(self, prim, *avals, **params):
+    if prim is jx.dot_general_p and _has_no_batch_dims(prim, avals, params):
       return Offloadable(src=self.offload_src, dst=self.offload_dst)
     return Recompute
 

@@ -64,6 +64,22 @@ def _bind(*args, jaxpr, prevent_cse, differentiated, policy,
 checkpoint_p.bind = _bind
 
 
+def _derived_prevent_cse(prevent_cse, *, keep=None, before=(), after=()):
+  """`prevent_cse` for a block whose inputs derive from another block's.
+
+  Every rule below binds a new block whose inputs are some of the old ones
+  (those marked in `keep`, all by default) with new inputs before or after
+  them. A bool covers any inputs and is passed on as it is; per-input flags
+  follow their inputs, and the new inputs get the flags in `before` and
+  `after`.
+  """
+  if isinstance(prevent_cse, bool):
+    return prevent_cse
+  if keep is not None:
+    prevent_cse = [flag for flag, kept in zip(prevent_cse, keep) if kept]
+  return (*before, *prevent_cse, *after)
+
+
 # -- impl and abstract eval ---------------------------------------------------
 
 @checkpoint_p.def_impl
@@ -86,17 +102,17 @@ def _jvp(primals, tangents, *, jaxpr, prevent_cse, **params):
   jvp_jaxpr = pe.convert_constvars_jaxpr(jvp_closed.jaxpr)
   _note_derived(jvp_jaxpr, jaxpr)
   nonzero_tangents = [t for t, nz in zip(tangents, nonzero) if nz]
-  if isinstance(prevent_cse, tuple):
-    prevent_cse = ((False,) * len(jvp_closed.consts) + prevent_cse
-                   + (True,) * len(nonzero_tangents))
+  # Constants need no protection; the tangents are always protected.
+  prevent_cse = _derived_prevent_cse(
+      prevent_cse, before=(False,) * len(jvp_closed.consts),
+      after=(True,) * len(nonzero_tangents))
   outs = checkpoint_p.bind(
       *jvp_closed.consts, *primals, *nonzero_tangents, jaxpr=jvp_jaxpr,
       prevent_cse=prevent_cse, **params)
   out_primals, out_nonzero_tangents = jx.split_list(outs, [len(jaxpr.outvars)])
-  nonzero_iter = iter(out_nonzero_tangents)
-  out_tangents = [next(nonzero_iter) if nz else jx.ad_util.p2tz(p)
-                  for p, nz in zip(out_primals, out_nonzero)]
-  return out_primals, out_tangents
+  # Outputs whose tangent is known to be zero get a symbolic zero.
+  zeros = [jx.ad_util.p2tz(p) for p, nz in zip(out_primals, out_nonzero) if not nz]
+  return out_primals, jx.merge_lists(out_nonzero, zeros, out_nonzero_tangents)
 
 ad.primitive_jvps[checkpoint_p] = _jvp
 
@@ -118,20 +134,15 @@ def _partial_eval(trace, *tracers, jaxpr, prevent_cse, **params):
       known_outs_and_res, [len(known_outs_and_res) - split.num_residuals])
 
   staged_tracers = [t for t, used in zip(tracers, split.staged_inputs_used) if used]
-  in_tracers = ([trace.new_instantiated_const(r) for r in residuals]
-                + [trace.instantiate_const(t) for t in staged_tracers])
-  out_tracers = [pe.JaxprTracer(trace, pe.PartialVal.unknown(v.aval), None)
-                 for v in split.staged.outvars]
-  if isinstance(prevent_cse, tuple):
-    staged_cse = [c for c, used in zip(prevent_cse, split.staged_inputs_used) if used]
-    prevent_cse = (True,) * split.num_residuals + tuple(staged_cse)
+  # Residuals are what the recompute starts from: protect them too.
+  prevent_cse = _derived_prevent_cse(
+      prevent_cse, keep=split.staged_inputs_used,
+      before=(True,) * split.num_residuals)
   staged_params = dict(params, jaxpr=split.staged, prevent_cse=prevent_cse,
                        differentiated=True)
-  recipe = pe.new_eqn_recipe(
-      trace, in_tracers, out_tracers, checkpoint_p, staged_params,
-      core.positional_effects(split.staged), jx.source_info_util.current())
-  for t in out_tracers:
-    t.recipe = recipe
+  out_tracers = _stage(trace, split.staged, staged_params,
+                       [*map(trace.new_instantiated_const, residuals),
+                        *map(trace.instantiate_const, staged_tracers)])
 
   level = logging.WARNING if jx.log_checkpoint_residuals_enabled() else logging.DEBUG
   if logger.isEnabledFor(level):
@@ -139,6 +150,18 @@ def _partial_eval(trace, *tracers, jaxpr, prevent_cse, **params):
     log_residuals(level, logger, split, staged_unknowns)
 
   return jx.merge_lists(list(split.out_unknowns), known_outs, out_tracers)
+
+
+def _stage(trace, jaxpr, params, in_tracers):
+  """Record one `checkpoint` equation on `trace`; return its outputs."""
+  out_tracers = [pe.JaxprTracer(trace, pe.PartialVal.unknown(v.aval), None)
+                 for v in jaxpr.outvars]
+  recipe = pe.new_eqn_recipe(
+      trace, in_tracers, out_tracers, checkpoint_p, params,
+      core.positional_effects(jaxpr), jx.source_info_util.current())
+  for t in out_tracers:
+    t.recipe = recipe
+  return out_tracers
 
 pe.custom_partial_eval_rules[checkpoint_p] = _partial_eval
 
@@ -221,6 +244,8 @@ def _check_effects_can_be_split(jaxpr):
   disallowed = jx.effects_remat_disallows(jaxpr.effects)
   if disallowed:
     names = ', '.join(sorted({type(e).__name__ for e in disallowed}))
+    # Matches JAX's wording on purpose: code that catches JAX's error by its
+    # message catches ours too (tests/test_composition.py checks the prefix).
     raise NotImplementedError(
         'Effects not supported in partial-eval of `checkpoint`/`remat`: '
         f'{names} ({disallowed}). Move the effectful operation out of the checkpointed '
@@ -273,12 +298,10 @@ def _partial_eval_custom_params(unks_in, inst_in, kept_outs_known, inst_out,
   """
   del kept_outs_known, inst_out, num_res
   prevent_cse = params_known['prevent_cse']
-  if isinstance(prevent_cse, tuple):
-    known_cse = [c for c, unknown in zip(prevent_cse, unks_in) if not unknown]
-    staged_cse = [c for c, inst in zip(prevent_cse, inst_in) if inst]
-    params_known = dict(params_known, prevent_cse=tuple(known_cse))
-    params_staged = dict(params_staged, prevent_cse=tuple(staged_cse))
-  return params_known, dict(params_staged, differentiated=True)
+  known_cse = _derived_prevent_cse(prevent_cse, keep=[not u for u in unks_in])
+  staged_cse = _derived_prevent_cse(prevent_cse, keep=inst_in)
+  return (dict(params_known, prevent_cse=known_cse),
+          dict(params_staged, prevent_cse=staged_cse, differentiated=True))
 
 def _partial_eval_custom(saveable, unks_in, inst_in, eqn, **kwargs):
   """JAX's rule for a call split from outside, noting that the staged half's
@@ -312,10 +335,9 @@ def _transpose(out_cts, *args, jaxpr, prevent_cse, **params):
       pe.close_jaxpr(jaxpr), in_linear, out_zeros)
   nonlinear_args = [x for x, lin in zip(args, in_linear) if not lin]
   nonzero_cts = [ct for ct, zero in zip(out_cts, out_zeros) if not zero]
-  if isinstance(prevent_cse, tuple):
-    prevent_cse = ((False,) * len(transposed.consts)
-                   + tuple(c for c, lin in zip(prevent_cse, in_linear) if not lin)
-                   + (True,) * len(nonzero_cts))
+  prevent_cse = _derived_prevent_cse(
+      prevent_cse, keep=[not lin for lin in in_linear],
+      before=(False,) * len(transposed.consts), after=(True,) * len(nonzero_cts))
   in_cts = checkpoint_p.bind(
       *transposed.consts, *nonlinear_args, *nonzero_cts,
       jaxpr=pe.convert_constvars_jaxpr(transposed.jaxpr),
@@ -328,36 +350,57 @@ def _transpose(out_cts, *args, jaxpr, prevent_cse, **params):
 
 @jx.weakref_lru_cache
 def _transposed_jaxpr(closed_jaxpr, in_linear, out_zeros):
-  """A jaxpr from (non-linear inputs, nonzero cotangents) to the nonzero
-  input cotangents, and for each linear input whether its cotangent is zero."""
-  in_avals = ([a for a, lin in zip(closed_jaxpr.in_avals, in_linear) if not lin]
-              + [a.to_ct_aval() for a, zero in zip(closed_jaxpr.out_avals, out_zeros)
-                 if not zero])
-  zeros_found = []
+  """The transposed block and, per linear input, whether its cotangent is a
+  symbolic zero (only the nonzero ones are outputs).
 
-  def transposed(*flat_args):
-    nonlinear_args, cts = jx.split_list(flat_args, [len(in_linear) - sum(in_linear)])
-    # Recompute the non-linear part; what is left is linear in the rest.
-    with jx.config.mutable_array_checks(False):
-      recompute, linear, _, _ = pe.partial_eval_jaxpr_nounits(
-          closed_jaxpr, in_linear, False)
+  Its inputs are the non-linear inputs, then the nonzero output cotangents.
+  Inside, the non-linear part is recomputed first; the linear rest, which
+  reads what the recompute produced, is then transposed.
+  """
+  # Splitting is jaxpr work, done once here rather than while tracing. JAX's
+  # ref checks (no ref returned, no aliasing) are off for it, as in JAX's own
+  # remat: with refs in the body, a ref can be what one part hands the other.
+  with jx.config.mutable_array_checks(False):
+    recompute, linear, _, _ = pe.partial_eval_jaxpr_nounits(
+        closed_jaxpr, in_linear, False)
+  num_nonlinear = in_linear.count(False)
+  ct_avals = [a.to_ct_aval() for a in closed_jaxpr.out_avals]
+  zero_input_cts = []  # filled in while tracing
+
+  def nonzero_input_cts(*inputs):
+    nonlinear_args, nonzero_out_cts = inputs[:num_nonlinear], inputs[num_nonlinear:]
     with jx.source_info_util.extend_name_stack('rematted_computation'):
-      residuals = core.jaxpr_as_fun(recompute)(*nonlinear_args)
-    cts = iter(cts)
-    out_cts = [jx.ad_util.Zero(a.to_ct_aval()) if zero else next(cts)
-               for a, zero in zip(closed_jaxpr.out_avals, out_zeros)]
-    linear_inputs = [ad.UndefinedPrimal(a.to_ct_aval())
-                     for a in linear.in_avals[len(residuals):]]
-    in_cts = ad.backward_pass(linear.jaxpr, False, linear.consts,
-                              [*residuals, *linear_inputs], out_cts)
-    in_cts = in_cts[len(residuals):]
-    zeros_found[:] = [isinstance(ct, jx.ad_util.Zero) for ct in in_cts]
+      recomputed = core.jaxpr_as_fun(recompute)(*nonlinear_args)
+    out_cts = _with_symbolic_zeros(nonzero_out_cts, out_zeros, ct_avals)
+    in_cts = _backward_pass(linear, recomputed, out_cts)
+    zero_input_cts[:] = [isinstance(ct, jx.ad_util.Zero) for ct in in_cts]
     return [ct for ct in in_cts if not isinstance(ct, jx.ad_util.Zero)]
 
-  dbg = closed_jaxpr.jaxpr.debug_info.with_unknown_names()
+  input_avals = (
+      [a for a, lin in zip(closed_jaxpr.in_avals, in_linear) if not lin]
+      + [a for a, zero in zip(ct_avals, out_zeros) if not zero])
   traced, _ = pe.trace_to_jaxpr(
-      transposed, jx.FlatTree.flatten((tuple(in_avals), {})), dbg)
-  return traced, list(zeros_found)
+      nonzero_input_cts, jx.FlatTree.flatten((tuple(input_avals), {})),
+      closed_jaxpr.jaxpr.debug_info.with_unknown_names())
+  return traced, list(zero_input_cts)
+
+
+def _with_symbolic_zeros(nonzero_cts, is_zero, ct_avals):
+  """All output cotangents, a symbolic zero where none was given."""
+  given = iter(nonzero_cts)
+  return [jx.ad_util.Zero(aval) if zero else next(given)
+          for aval, zero in zip(ct_avals, is_zero)]
+
+
+def _backward_pass(linear, recomputed, out_cts):
+  """Cotangents of the linear inputs of `linear`, whose leading inputs take
+  the recomputed values."""
+  num_recomputed = len(recomputed)
+  undefined = [ad.UndefinedPrimal(a.to_ct_aval())
+               for a in linear.in_avals[num_recomputed:]]
+  in_cts = ad.backward_pass(linear.jaxpr, False, linear.consts,
+                            [*recomputed, *undefined], out_cts)
+  return in_cts[num_recomputed:]
 
 ad.fancy_transposes[checkpoint_p] = _transpose
 
@@ -370,9 +413,8 @@ def _vmap(axis_data, args, dims, *, jaxpr, **params):
       [batching.zero_if_mapped] * len(jaxpr.outvars))
   batched_jaxpr = pe.convert_constvars_jaxpr(batched.jaxpr)
   _note_derived(batched_jaxpr, jaxpr)
-  prevent_cse = params.pop('prevent_cse')
-  if isinstance(prevent_cse, tuple):
-    prevent_cse = (False,) * len(batched.consts) + prevent_cse
+  prevent_cse = _derived_prevent_cse(
+      params.pop('prevent_cse'), before=(False,) * len(batched.consts))
   outs = checkpoint_p.bind(*batched.consts, *args, jaxpr=batched_jaxpr,
                            prevent_cse=prevent_cse, **params)
   return outs, [0 if b else None for b in out_batched]
@@ -385,30 +427,38 @@ batching.fancy_primitive_batchers[checkpoint_p] = _vmap
 def _dce(used_outputs, eqn):
   """Drop unused outputs, and the inputs and work only they needed.
 
-  A block with side effects is kept even when none of its outputs is used.
+  A block none of whose outputs is used goes away only if that cannot be
+  observed. One with a real effect, such as a ``jax.debug.callback``, stays
+  and runs, whether or not the effect reads the block's inputs: the same
+  rule as for a call (``jit``) or for code outside any remat. JAX 0.10.2's
+  rule differs here: it drops the block when the effect reads none of the
+  block's inputs (see "Deliberate differences" in the README).
   """
   if not any(used_outputs) and not pe.has_effects(eqn):
     return [False] * len(eqn.invars), None
-  jaxpr, used_inputs = pe.dce_jaxpr(eqn.params['jaxpr'], used_outputs)
-  if not any(used_inputs) and not any(used_outputs) and not _has_real_effects(jaxpr):
+  body, used_inputs = pe.dce_jaxpr(eqn.params['jaxpr'], used_outputs)
+  unobservable = not (any(used_outputs) or any(used_inputs)
+                      or _has_real_effects(body))
+  if unobservable:
     return used_inputs, None
-  prevent_cse = eqn.params['prevent_cse']
-  if isinstance(prevent_cse, tuple):
-    prevent_cse = tuple(c for c, used in zip(prevent_cse, used_inputs) if used)
-  _note_derived(jaxpr, eqn.params['jaxpr'])
-  invars = [v for v, used in zip(eqn.invars, used_inputs) if used]
-  outvars = [v for v, used in zip(eqn.outvars, used_outputs) if used]
-  new_eqn = pe.new_jaxpr_eqn(
-      invars, outvars, checkpoint_p,
-      dict(eqn.params, jaxpr=jaxpr, prevent_cse=prevent_cse),
-      core.eqn_effects(jaxpr, invars), eqn.source_info, eqn.ctx)
-  return used_inputs, new_eqn
+  return used_inputs, _pruned(eqn, body, used_inputs, used_outputs)
 
 
 def _has_real_effects(jaxpr) -> bool:
   # Axis names and refs allocated inside the block are not observable.
   bookkeeping = (core.NamedAxisEffect, core.InternalMutableArrayEffect)
   return any(not isinstance(e, bookkeeping) for e in jaxpr.effects)
+
+
+def _pruned(eqn, body, used_inputs, used_outputs):
+  """`eqn` running `body`, with only the used inputs and outputs."""
+  _note_derived(body, eqn.params['jaxpr'])
+  invars = [v for v, used in zip(eqn.invars, used_inputs) if used]
+  outvars = [v for v, used in zip(eqn.outvars, used_outputs) if used]
+  prevent_cse = _derived_prevent_cse(eqn.params['prevent_cse'], keep=used_inputs)
+  params = dict(eqn.params, jaxpr=body, prevent_cse=prevent_cse)
+  return pe.new_jaxpr_eqn(invars, outvars, checkpoint_p, params,
+                          core.eqn_effects(body, invars), eqn.source_info, eqn.ctx)
 
 pe.dce_rules[checkpoint_p] = _dce
 
@@ -422,22 +472,34 @@ mlir.register_lowering(checkpoint_p, lower_checkpoint)
 
 @jx.discharge.register_discharge_rule(checkpoint_p)
 def _discharge_state(in_avals, out_avals, *args, jaxpr, **params):
-  """Turn reads and writes of ref inputs into values in and values out."""
+  """Run the block on the values of its ref inputs instead of the refs.
+
+  The discharged body returns, after the block's outputs, the final value
+  of each ref input, in input order; each becomes that ref's new value.
+  """
   del out_avals
+  body = _discharged_body(jaxpr)
+  results = checkpoint_p.bind(*args, jaxpr=body, **params)
+  num_outs = len(jaxpr.outvars)
+  outs, final_ref_values = results[:num_outs], results[num_outs:]
+  is_ref = [isinstance(a, jx.AbstractRef) for a in in_avals]
+  not_refs = [None] * is_ref.count(False)  # inputs that are not refs keep theirs
+  return jx.merge_lists(is_ref, not_refs, final_ref_values), outs
+
+
+def _discharged_body(jaxpr):
   discharged = jx.discharge.discharge_state(core.ClosedJaxpr(jaxpr, []))
   if discharged.consts:
     raise NotImplementedError(
         'checkpoint: discharging refs produced constants in the block body; '
         'this is not supported.')
-  outs_and_refs = checkpoint_p.bind(*args, jaxpr=discharged.jaxpr, **params)
-  outs, final_ref_values = jx.split_list(outs_and_refs, [len(jaxpr.outvars)])
-  final_ref_values = iter(final_ref_values)
-  new_inputs = [next(final_ref_values) if isinstance(a, jx.AbstractRef) else None
-                for a in in_avals]
-  return new_inputs, outs
+  return discharged.jaxpr
 
 
 # -- high-level (hijax) types -------------------------------------------------
+#
+# A block whose body uses high-level types is rewritten into one over their
+# low-level representations before anything else sees it.
 
 def _is_high(*_, jaxpr, **__) -> bool:
   return jaxpr.is_high
@@ -445,11 +507,17 @@ def _is_high(*_, jaxpr, **__) -> bool:
 checkpoint_p.is_high = _is_high
 
 
+def _lo_values(aval, value) -> list:
+  """The low-level values that stand for one high-level argument."""
+  return aval.read_loval(value) if aval.has_qdd else aval.lower_val(value)
+
+
 def _to_lojax(*hi_args, jaxpr, **params):
-  lowered = pe.lower_jaxpr2(pe.close_jaxpr(jaxpr))
+  lo_body = pe.lower_jaxpr2(pe.close_jaxpr(jaxpr))
   lo_args = [lo for aval, x in zip(jaxpr.in_aval_qdds, hi_args)
-             for lo in (aval.read_loval(x) if aval.has_qdd else aval.lower_val(x))]
-  return checkpoint_p.bind(*lowered.consts, *lo_args,
-                           jaxpr=pe.convert_constvars_jaxpr(lowered.jaxpr), **params)
+             for lo in _lo_values(aval, x)]
+  return checkpoint_p.bind(*lo_body.consts, *lo_args,
+                           jaxpr=pe.convert_constvars_jaxpr(lo_body.jaxpr),
+                           **params)
 
 checkpoint_p.to_lojax = _to_lojax

@@ -23,21 +23,27 @@ def saved_residuals(f, *args, **kwargs) -> list[tuple[core.AbstractValue, str]]:
   """List ``(aval, description)`` for each residual `f`'s VJP saves."""
   if not callable(f):
     raise TypeError(f'saved_residuals expects a callable, got {type(f).__name__}: {f!r}')
-  leaves, in_tree = jax.tree_util.tree_flatten((args, kwargs))
+  jaxpr = _residuals_jaxpr(f, args, kwargs)
+  # Arguments are described by their paths (``params['w']``) where known.
+  dbg = jx.api_util.debug_info('saved_residuals', f, args, kwargs)
+  return describe_residuals(jaxpr, dbg.arg_names or ('',) * len(jaxpr.invars))
 
-  def flat_f(*leaves):
-    args, kwargs = jax.tree_util.tree_unflatten(in_tree, leaves)
+
+def _residuals_jaxpr(f, args, kwargs) -> core.Jaxpr:
+  """A jaxpr from the leaves of (args, kwargs) to the residuals of `f`'s VJP,
+  i.e. to the arrays the VJP function closes over."""
+  leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+
+  def f_of_leaves(*leaves):
+    args, kwargs = jax.tree_util.tree_unflatten(tree, leaves)
     return f(*args, **kwargs)
 
-  traced, out_shape = jax.make_jaxpr(
-      lambda *xs: jax.vjp(flat_f, *xs), return_shape=True)(*leaves)
-  # jax.vjp returns (outputs, vjp_fn); the vjp_fn's leaves are the residuals.
-  num_residuals = len(jax.tree_util.tree_leaves(out_shape[1]))
-  jaxpr = traced.jaxpr
-  jaxpr = jaxpr.replace(outvars=jaxpr.outvars[len(jaxpr.outvars) - num_residuals:])
-  dbg = jx.api_util.debug_info('saved_residuals', f, args, kwargs)
-  arg_names = dbg.arg_names or ('',) * len(jaxpr.invars)
-  return describe_residuals(jaxpr, arg_names)
+  traced, (_, vjp_fn_shape) = jax.make_jaxpr(
+      lambda *xs: jax.vjp(f_of_leaves, *xs), return_shape=True)(*leaves)
+  # The traced function returns f's outputs, then the VJP function's leaves.
+  outvars = traced.jaxpr.outvars
+  num_residuals = len(jax.tree_util.tree_leaves(vjp_fn_shape))
+  return traced.jaxpr.replace(outvars=outvars[len(outvars) - num_residuals:])
 
 
 def print_saved_residuals(f, *args, **kwargs) -> None:
@@ -72,6 +78,9 @@ def residual_origins(jaxpr: core.Jaxpr, arg_names: Sequence[str]
   Results come grouped by origin (literals, constants, arguments, then
   equation outputs in program order), as JAX reports them.
   """
+  # Matches JAX's wording on purpose, here and in `_equation_origin`: the
+  # descriptions are what `print_saved_residuals` prints, and parity tests
+  # compare that output with JAX's line by line.
   # A reduce_precision inserted on a residual is bookkeeping: name the
   # value by the equation it rounds instead.
   rounded_from = {e.outvars[0]: e.invars[0] for e in jaxpr.eqns
@@ -136,6 +145,8 @@ def log_residuals(level: int, logger, split, staged_input_unknowns) -> None:
   saved_intermediates = describe_residuals(
       known.replace(outvars=known.outvars[len(known.outvars) - num_res:]),
       ('',) * len(known.invars))
+  # Matches JAX's wording on purpose: the log line is the one
+  # `jax.checkpoint` writes, so what reads or filters JAX's log reads ours.
   message = 'remat-decorated function '
   if saved_inputs:
     message += 'saving inputs with shapes:\n'

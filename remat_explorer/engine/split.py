@@ -92,34 +92,44 @@ def _round_residuals_to_dtype(jaxpr: core.Jaxpr, num_res: int) -> core.Jaxpr:
 
   XLA may keep a fused intermediate in excess precision on the forward pass
   while the copy written out as a residual is rounded to its dtype; the
-  backward pass would then see a slightly different value. Like JAX, we put
-  an explicit ``reduce_precision`` after the producer of each floating-point
-  residual that the forward pass also consumes, so both passes agree.
+  backward pass would then see a slightly different value. So each
+  floating-point residual that the forward pass also consumes is produced by
+  an explicit ``reduce_precision`` to its own dtype, placed right after the
+  value is made (after its producer, or first thing for an input), and the
+  forward pass reads the rounded value too.
   """
-  residual_vars = jaxpr.outvars[len(jaxpr.outvars) - num_res:]
   consumed = {x for eqn in jaxpr.eqns for x in eqn.invars
               if isinstance(x, core.Var)}
-  invars, constvars, eqns = list(jaxpr.invars), list(jaxpr.constvars), list(jaxpr.eqns)
-  for var in residual_vars:
-    if not _needs_rounding(var, consumed):
+  producer_of = {v: i for i, eqn in enumerate(jaxpr.eqns) for v in eqn.outvars}
+  first = []       # roundings of inputs and constants
+  after = {}       # equation index -> roundings of its outputs
+  unrounded = {}   # residual -> the fresh variable its producer now writes
+  for var in jaxpr.outvars[len(jaxpr.outvars) - num_res:]:
+    if not _needs_rounding(var, consumed) or var in unrounded:
       continue
     params = _reduce_precision_params(var.aval.dtype)
-    unrounded = core.Var(var.aval)
-    if var in invars or var in constvars:
-      binders = invars if var in invars else constvars
-      binders[binders.index(var)] = unrounded
-      eqns.insert(0, core.new_jaxpr_eqn(
-          [unrounded], [var], jx.reduce_precision_p, params, set()))
-      continue
-    index, producer = next((i, e) for i, e in enumerate(eqns) if var in e.outvars)
-    if producer.primitive is jx.reduce_precision_p and producer.params == params:
+    index = producer_of.get(var)  # None for an input or a constant
+    producer = None if index is None else jaxpr.eqns[index]
+    if (producer is not None and producer.primitive is jx.reduce_precision_p
+        and producer.params == params):
       continue  # already rounded
-    eqns[index] = producer.replace(
-        outvars=[unrounded if v is var else v for v in producer.outvars])
-    eqns.insert(index + 1, core.new_jaxpr_eqn(
-        [unrounded], [var], jx.reduce_precision_p, params, set(),
-        producer.source_info, producer.ctx))
-  rounded = jaxpr.replace(invars=invars, constvars=constvars, eqns=eqns)
+    # The rounding takes its producer's source line, so reports name the
+    # user's code; an input's rounding takes the current one.
+    where = () if producer is None else (producer.source_info, producer.ctx)
+    unrounded[var] = core.Var(var.aval)
+    rounding = core.new_jaxpr_eqn([unrounded[var]], [var], jx.reduce_precision_p,
+                                  params, set(), *where)
+    # Each rounding goes in front of those placed earlier at the same spot:
+    # JAX orders them so, and the jaxprs must print alike.
+    (first if index is None else after.setdefault(index, [])).insert(0, rounding)
+
+  rename = lambda vs: [unrounded.get(v, v) for v in vs]
+  eqns = list(first)
+  for i, eqn in enumerate(jaxpr.eqns):
+    eqns.append(eqn.replace(outvars=rename(eqn.outvars)) if i in after else eqn)
+    eqns.extend(after.get(i, ()))
+  rounded = jaxpr.replace(invars=rename(jaxpr.invars),
+                          constvars=rename(jaxpr.constvars), eqns=eqns)
   if jx.checks_enabled():
     core.check_jaxpr(rounded)
   return rounded
