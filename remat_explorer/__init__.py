@@ -10,7 +10,8 @@ from remat_explorer.engine import (Offloadable, Recompute, Saveable,
                                    checkpoint_policies, lowering_strategy,
                                    print_saved_residuals,
                                    remat, saved_residuals)
-from remat_explorer.analysis import analyze, compare, compile_costs, search_policy
+from remat_explorer.analysis import (analyze, clear_caches, compare, compile_costs,
+                                     residuals_at_peak, search_policy)
 
 __version__ = '0.1.0'
 
@@ -18,7 +19,7 @@ __all__ = [
     'checkpoint', 'remat', 'checkpoint_name', 'checkpoint_policies',
     'saved_residuals', 'print_saved_residuals', 'Saveable', 'Recompute',
     'Offloadable', 'lowering_strategy', 'analyze', 'compile_costs', 'compare',
-    'search_policy', 'explore', 'Explorer',
+    'search_policy', 'residuals_at_peak', 'clear_caches', 'explore', 'Explorer',
 ]
 
 

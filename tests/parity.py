@@ -7,6 +7,7 @@ import io
 import re
 
 import jax
+import jax.ad_checkpoint
 import jax.numpy as jnp
 import numpy as np
 
@@ -72,3 +73,22 @@ def _zeros_cotangent(x):
   if jnp.issubdtype(x.dtype, jnp.inexact):
     return jnp.zeros_like(x)
   return np.zeros(x.shape, jax.dtypes.float0)
+
+
+_TYPE = re.compile(r'^(\w+)\[([\d,]*)\]')
+_DTYPES = {'f16': 'float16', 'bf16': 'bfloat16', 'f32': 'float32', 'f64': 'float64',
+           'i8': 'int8', 'i32': 'int32', 'i64': 'int64', 'u8': 'uint8',
+           'u32': 'uint32', 'bool': 'bool'}
+
+
+def jax_residual_bytes(f, *args, arguments: bool = True) -> int:
+  """Bytes of the residuals JAX's own ``print_saved_residuals`` lists for
+  `f` (the arguments it saves left out unless `arguments`)."""
+  total = 0
+  for line in printed_residuals(jax.ad_checkpoint.print_saved_residuals, f, *args):
+    if not arguments and 'from the argument' in line:
+      continue
+    m = _TYPE.match(line)
+    dims = [int(d) for d in m.group(2).split(',') if d]
+    total += int(np.prod(dims, dtype=np.int64)) * np.dtype(_DTYPES[m.group(1)]).itemsize
+  return total

@@ -380,7 +380,9 @@ def test_residual_buffers_at_the_peak_link_back_to_their_residuals():
   found = residuals_at_peak(analyze(loss_fn, *args), compile_costs(loss_fn, *args))
   assert found and all(p.residual is not None for p in found)
   biggest = found[0]
-  # The layer inputs saved by the scan, stacked: [layers, batch, width].
+  # The layer inputs saved by the scan, stacked: [layers, batch, width],
+  # named where the layer computed them.
   assert biggest.bytes == 4 * 16 * 64 * 4 == biggest.residual.bytes
-  assert biggest.residual.primitive == 'scan'
+  assert biggest.residual.carried_out_of == ('scan×4',)
+  assert biggest.residual.name in examples.MLP_NAMES
   assert biggest.policy == 'nothing_saveable (default)'

@@ -67,8 +67,9 @@ ENTRY %main (x: f32[8]) -> f32[8] {
 
 
 def test_collectives_are_read_by_operand_pass_and_loop_trip():
-  from remat_explorer.analysis.collectives import collectives_in_hlo
-  summary = collectives_in_hlo(HLO)
+  from remat_explorer.analysis.collectives import collectives_in
+  from remat_explorer.analysis.hlo import parse_hlo
+  summary = collectives_in(parse_hlo(HLO))
   found = {(c.kind, c.phase): (c.count, c.instructions, c.bytes) for c in summary.collectives}
   f32 = 4
   assert found == {
@@ -82,7 +83,7 @@ def test_collectives_are_read_by_operand_pass_and_loop_trip():
   }
   assert not summary.unknown_trip_count
   without_trips = HLO.replace(', backend_config={"known_trip_count":{"n":"3"}}', '')
-  assert collectives_in_hlo(without_trips).unknown_trip_count
+  assert collectives_in(parse_hlo(without_trips)).unknown_trip_count
 
 
 def test_combined_names_split_at_the_top_level_only():

@@ -21,6 +21,7 @@ Modules: ``problem`` (checking input), ``program`` (finding blocks),
 """
 
 from remat_explorer.analysis.analyze import analyze
+from remat_explorer.analysis.cache import clear_caches
 from remat_explorer.analysis.collectives import Collective
 from remat_explorer.analysis.compare import (Comparison, PolicyRow,
                                              builtin_policies, compare)
@@ -40,5 +41,5 @@ __all__ = [
     'compare', 'Comparison', 'PolicyRow', 'builtin_policies', 'NO_REMAT',
     'describe_policy', 'search_policy', 'SearchResult', 'SaveChosen',
     'EquationSignature',
-    'residuals_at_peak', 'PeakResidual', 'Collective',
+    'residuals_at_peak', 'PeakResidual', 'Collective', 'clear_caches',
 ]

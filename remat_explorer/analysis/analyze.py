@@ -22,12 +22,16 @@ The steps, in order:
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import jax
 import numpy as np
 
 from remat_explorer.analysis import flops as flop_count
 from remat_explorer.analysis import sharding
+from remat_explorer.analysis.cache import ResultCache
+from remat_explorer.analysis.origins import (ModulePaths, module_of_parameter,
+                                             trace_producer, user_site)
 from remat_explorer.analysis.problem import Problem
 from remat_explorer.analysis.program import (BlockSite, PolicyChoice, describe_policy,
                                              policy_label)
@@ -42,19 +46,31 @@ core = jx.core
 
 
 def analyze(f, *args, policy: PolicyChoice = None, lowering: str | None = None,
-            argnums: int | tuple[int, ...] = 0, **kwargs) -> RematReport:
+            argnums: int | tuple[int, ...] = 0, has_aux: bool = False,
+            whole_function: bool = False, **kwargs) -> RematReport:
   """What remat saves and recomputes when differentiating `f` at `args`.
 
   Args:
-    f: the function; it may use our ``checkpoint``, ``jax.checkpoint``, or
-      neither (then it is checkpointed as a whole).
-    args, kwargs: example arguments (arrays or pytrees of arrays); only their
-      shapes and dtypes matter, nothing is run.
+    f: the function; it may use our ``checkpoint``, ``jax.checkpoint`` (Flax's
+      ``nn.remat``, Equinox's ``filter_checkpoint``), or neither. It is
+      analysed as written: a function without a remat block gives the
+      figures without remat, unless `policy` or `whole_function` asks for
+      it to be checkpointed as a whole (the report's ``notes`` say so).
+    args, kwargs: example arguments; only the shapes and dtypes of arrays
+      matter, nothing is run. Leaves that are not arrays (Python numbers,
+      flags, functions in an Equinox module) are held as they are, as
+      ``eqx.filter_jit`` holds them.
     policy: replaces the policy of every remat block (a callable), or of the
-      blocks named in a mapping ``{function name: policy}``; ``None`` keeps
-      the program's own policies.
+      blocks named in a mapping ``{block name: policy}``; ``None`` keeps
+      the program's own policies ("as written").
     lowering: replaces every block's lowering strategy, if given.
     argnums: which positional arguments are differentiated.
+    has_aux: `f` returns ``(loss, aux)``; only the loss is differentiated,
+      as with ``jax.value_and_grad(f, has_aux=True)``.
+    whole_function: checkpoint `f` as one block when it has none.
+
+  A function that differentiates itself (a training step calling
+  ``jax.grad``) is refused, naming the loss to pass instead.
 
   Sharded programs (arguments placed with ``NamedSharding``, a function
   jitted with ``in_shardings``/``out_shardings``, ``with_sharding_constraint``
@@ -63,48 +79,53 @@ def analyze(f, *args, policy: PolicyChoice = None, lowering: str | None = None,
   bytes, and the report its device count and mesh. That costs one compile of
   the forward pass.
 
-  Reports are cached by function, argument shapes and dtypes, policy,
-  lowering and device: asking again is instant.
+  Reports are cached (``clear_caches()`` forgets them), keyed on everything
+  that changes them, the enclosing ``lowering_strategy`` included.
   """
-  problem = Problem.make(f, args, kwargs, argnums)
+  problem = Problem.make(f, args, kwargs, argnums, has_aux=has_aux,
+                         whole_function=whole_function)
   key = problem.cache_key(policy, lowering)
-  if key is not None and key in _cache:
-    return _cache[key]
-  report = _analyze(problem, policy, lowering)
-  if key is not None:
-    _cache[key] = report
+  report = _cache.get(key)
+  if report is None:
+    report = _analyze(problem, policy, lowering)
+    _cache.put(key, report)
   return report
 
 
-_cache: dict = {}
+_cache = ResultCache(max_entries=64)
 
 
 def _analyze(problem, policy, lowering) -> RematReport:
-  program, blocks = problem.program_with_blocks(policy, lowering)
-  run_program = core.jaxpr_as_fun(program)
+  program, blocks, notes = problem.program_with_blocks(policy, lowering)
+  run_program = problem.program_function(program, blocks)
+  num_outputs = problem.num_outputs
 
   def forward(diff_leaves, other_leaves):
-    primal = lambda *d: run_program(*problem.merge(d, other_leaves))
-    return jax.vjp(primal, *diff_leaves)
+    def primal(*d):
+      outs = run_program(*problem.merge(d, other_leaves))
+      return outs[:num_outputs], outs[num_outputs:]
+    outs, vjp_fn, aux = jax.vjp(primal, *diff_leaves, has_aux=True)
+    return (outs, aux), vjp_fn
 
   with observe_splits() as records:
-    forward_jaxpr, (out_shapes, vjp_shapes) = jax.make_jaxpr(
+    forward_jaxpr, ((out_shapes, _), vjp_shapes) = jax.make_jaxpr(
         forward, return_shape=True)(problem.diff_leaves, problem.other_leaves)
     num_forward_splits = len(records)
     # A block nested in another takes its own split only here, when the
     # backward pass runs its parent's recompute.
     backward_jaxpr = _backward_jaxpr(vjp_shapes, out_shapes)
 
-  num_outs = len(jax.tree_util.tree_leaves(out_shapes))
+  num_outs = len(program.jaxpr.outvars)  # the outputs, aux included
   fwd = forward_jaxpr.jaxpr
   residual_jaxpr = fwd.replace(outvars=fwd.outvars[num_outs:])
   arg_names = problem.diff_names + problem.other_names
-  block_of_equation = _equation_to_block(records[:num_forward_splits], blocks, fwd)
+  paths = ModulePaths(program.jaxpr, problem.arg_names)
+  block_of_equation = _equation_to_block(records[:num_forward_splits], blocks)
   origins = residual_origins(residual_jaxpr, arg_names)
-  residuals = tuple(_residual(i, origin, block_of_equation, jaxpr=residual_jaxpr)
+  residuals = tuple(_residual(i, origin, paths, block_of_equation, jaxpr=residual_jaxpr)
                     for i, origin in enumerate(origins))
 
-  block_reports = _block_reports(blocks, records, num_forward_splits)
+  block_reports = _block_reports(blocks, records, num_forward_splits, paths)
   placement = sharding.find_placement(problem.leaves, program)
   if placement is not None:
     residuals, block_reports, placement = _per_device(
@@ -113,6 +134,9 @@ def _analyze(problem, policy, lowering) -> RematReport:
   recompute = sum(b.recompute_flops * (b.trip_count or 1)
                   for b in block_reports if b.differentiated)
   names = _names_in(program.jaxpr)
+  warnings = policy_warnings([b.policy for b in blocks], names)
+  if (pair := problem.output_pair_warning()) is not None:
+    warnings.append(pair)
   return RematReport(
       function=problem.name,
       policy=policy_label(policy, blocks),
@@ -127,12 +151,14 @@ def _analyze(problem, policy, lowering) -> RematReport:
       backward_equations=_equation_costs(backward_jaxpr),
       unknown_trip_counts=(flop_count.has_unknown_trip_counts(forward_jaxpr)
                            or flop_count.has_unknown_trip_counts(backward_jaxpr)),
-      warnings=tuple(policy_warnings([b.policy for b in blocks], names)),
+      warnings=tuple(warnings),
       names_in_program=tuple(sorted(names)),
       forward_jaxpr=forward_jaxpr,
       backward_jaxpr=backward_jaxpr,
       num_devices=1 if placement is None else placement.num_devices,
       mesh_shape=None if placement is None else placement.mesh_shape,
+      notes=tuple(notes),
+      has_aux=problem.has_aux,
   )
 
 
@@ -177,30 +203,51 @@ def _cotangent_dtype(dtype):
 _LOOPS = ('scan', 'while')
 
 
-def _residual(index, origin, block_of_equation=None, block=None, jaxpr=None) -> Residual:
+def _residual(index, origin, paths, block_of_equation=None, block=None,
+              jaxpr=None) -> Residual:
+  """One residual, with where it comes from in the user's terms: for a
+  value a scan (or while, cond, call) carries out of its body, the
+  equation inside that computed it."""
   aval = origin.aval
-  if block is None and block_of_equation and origin.equation_index is not None:
-    block = block_of_equation(origin)
+  producer = None
+  if jaxpr is not None and origin.kind == 'equation':
+    producer = trace_producer(jaxpr, origin.var)
+  if block is None and block_of_equation and producer is not None:
+    block = block_of_equation(producer.eqn)
   producer_flops = None
   if jaxpr is not None and origin.equation_index is not None:
-    producer = jaxpr.eqns[origin.equation_index]
-    if producer.primitive.name not in _LOOPS:
-      producer_flops = flop_count.eqn_flops(producer)
+    top = jaxpr.eqns[origin.equation_index]
+    if top.primitive.name not in _LOOPS:
+      producer_flops = flop_count.eqn_flops(top)
+  site, module_path, name, primitive, carried = None, '', origin.name, origin.primitive, ()
+  if producer is not None:
+    site = producer.site()
+    module_path = producer.module_path(paths)
+    name = name or jx.name_of_named_value(producer.eqn)
+    # Inside a body, the primitive that computed it says more than `scan`;
+    # at the top, the one that produced the saved copy (a device_put for an
+    # offloaded value) is what was saved.
+    primitive = producer.eqn.primitive.name if producer.enclosing else primitive
+    carried = producer.carried_out_of
+  elif origin.kind == 'argument':
+    module_path = module_of_parameter(origin.argument or '')
   space = getattr(aval, 'memory_space', None)
   return Residual(
       index=index, shape=tuple(aval.shape), dtype=str(aval.dtype),
       bytes=int(np.prod(aval.shape, dtype=np.int64)) * aval.dtype.itemsize,
-      kind=origin.kind, description=origin.description, name=origin.name,
-      primitive=origin.primitive, source=origin.source, argument=origin.argument,
+      kind=origin.kind, description=origin.description, name=name,
+      primitive=primitive, source=None if site is None else str(site),
+      argument=origin.argument,
       block=block, memory_space='host' if 'Host' in str(space) else 'device',
-      producer_flops=producer_flops)
+      producer_flops=producer_flops, site=site, module_path=module_path,
+      carried_out_of=carried)
 
 
-def _equation_to_block(records, blocks, forward_jaxpr):
+def _equation_to_block(records, blocks):
   """Attribute forward-pass equations to blocks by their source traceback.
 
   The forward jaxpr's equations are the blocks' known halves replayed, and
-  replaying keeps each equation's traceback object.
+  replaying keeps each equation's traceback.
   """
   by_traceback = {}
   for site in blocks:
@@ -208,23 +255,22 @@ def _equation_to_block(records, blocks, forward_jaxpr):
       if record.block is site.body:
         for eqn in record.split.known.eqns:
           if eqn.source_info.traceback is not None:
-            by_traceback.setdefault(id(eqn.source_info.traceback), site.name)
+            by_traceback.setdefault(eqn.source_info.traceback, site.name)
 
-  def block_of(origin):
-    eqn = forward_jaxpr.eqns[origin.equation_index]
-    return by_traceback.get(id(eqn.source_info.traceback))
+  def block_of(eqn):
+    return by_traceback.get(eqn.source_info.traceback)
   return block_of
 
 
 def _block_reports(blocks: list[BlockSite], records,
-                   num_forward_splits) -> tuple[BlockReport, ...]:
+                   num_forward_splits, paths) -> tuple[BlockReport, ...]:
   last = {}
   for position, record in enumerate(records):
     last[id(record.block)] = (record, position < num_forward_splits)
   nested = _NestedSplits(records[num_forward_splits:])
   names = {b.index: b.name for b in blocks}
   return tuple(_block_report(site, *last.get(id(site.body), (None, None)), names,
-                             nested)
+                             nested, paths)
                for site in blocks)
 
 
@@ -246,12 +292,14 @@ class _NestedSplits:
 
 
 def _block_report(site: BlockSite, record, on_forward_pass, names,
-                  nested: _NestedSplits) -> BlockReport:
+                  nested: _NestedSplits, paths) -> BlockReport:
   common = dict(
       name=site.name, function=site.function, path=site.path,
       trip_count=site.trip_count, library=site.library,
       policy=describe_policy(site.policy), lowering=site.lowering,
-      parent=names.get(site.parent), source=site.source)
+      parent=names.get(site.parent), source=site.source,
+      module_path=_common_module_path(site.body, paths),
+      wrapper='' if site.wrapper == site.function else site.wrapper)
   if record is None:
     return BlockReport(**common, differentiated=False, residuals=(),
                        residual_bytes=0, recomputed=(), recompute_flops=0)
@@ -271,9 +319,9 @@ def _block_report(site: BlockSite, record, on_forward_pass, names,
           record.jaxpr.invars, input_names, record.in_unknowns,
           split.staged_inputs_used))
       if used and not unknown]
-  residuals = tuple(_residual(i, o, block=site.name, jaxpr=residual_part)
+  residuals = tuple(_residual(i, o, paths, block=site.name, jaxpr=residual_part)
                     for i, o in enumerate(origins))
-  recomputed = tuple(_recomputed_equations(split, record.in_unknowns, nested))
+  recomputed = tuple(_recomputed_equations(split, record.in_unknowns, nested, paths))
   return BlockReport(
       **common, differentiated=True, residuals=residuals,
       residual_bytes=sum(r.bytes for r in residuals), recomputed=recomputed,
@@ -293,14 +341,19 @@ def _block_input_names(record) -> list[str]:
   return names
 
 
-def _recomputed_equations(split, in_unknowns, nested):
+def _common_module_path(body, paths) -> str:
+  found = {p for eqn in body.eqns if (p := paths.of(eqn))}
+  return '/'.join(os.path.commonprefix([p.split('/') for p in found])) if found else ''
+
+
+def _recomputed_equations(split, in_unknowns, nested, paths):
   """Equations of the staged half that do not depend on (co)tangents: what
   the backward pass runs again for this block."""
   staged = split.staged
   used_unknowns = [u for u, used in zip(in_unknowns, split.staged_inputs_used) if used]
   unknown_inputs = staged.invars[split.num_residuals:]
   tangents = {v for v, u in zip(unknown_inputs, used_unknowns) if u}
-  return (_recomputed(*found) for found in
+  return (_recomputed(*found, paths) for found in
           _tangent_free_equations(staged, tangents, None, nested))
 
 
@@ -310,10 +363,12 @@ _CALL_JAXPR_PARAMS = {'checkpoint': 'jaxpr', 'jit': 'jaxpr', 'closed_call': 'cal
 
 
 def _tangent_free_equations(jaxpr, tangents: set, inside: int | None, nested,
-                            trips: int = 1):
+                            trips: int = 1, context=None):
   """The equations of `jaxpr` that read no (co)tangent, given the variables
   in `tangents` (which grows as the walk goes), each run `trips` times, as
-  ``(equation, index, inside, trips)`` for ``_recomputed``.
+  ``(equation, index, inside, trips, context)`` for ``_recomputed``;
+  `context` is the innermost enclosing equation that has a line of the
+  user's code (JAX records only a body's own frames inside it).
 
   A call or ``scan`` in the staged half that also reads tangents is looked
   into. For a ``jit`` or a ``scan``, the part of its body that reads no
@@ -330,18 +385,19 @@ def _tangent_free_equations(jaxpr, tangents: set, inside: int | None, nested,
     reads = [isinstance(v, core.Var) and v in tangents for v in eqn.invars]
     where = index if inside is None else inside
     if not any(reads):
-      yield eqn, index if inside is None else None, inside, trips
+      yield eqn, index if inside is None else None, inside, trips, context
       continue
     body, body_reads, length = _looked_into(eqn, reads, nested)
     if body is None:
       tangents.update(eqn.outvars)
       continue
     body_tangents = {v for v, read in zip(body.invars, body_reads) if read}
+    here = eqn if user_site(eqn.source_info) is not None else context
     found = list(_tangent_free_equations(body, body_tangents, where, nested,
-                                         trips * length))
+                                         trips * length, here))
     own_split = nested.of(body) if eqn.primitive is checkpoint_p else None
     if own_split is not None:
-      found = [(e, None, where, trips) for e in own_split.known.eqns]
+      found = [(e, None, where, trips, here) for e in own_split.known.eqns]
     yield from found
     tangents.update(o for o, b in zip(eqn.outvars, body.outvars)
                     if isinstance(b, core.Var) and b in body_tangents)
@@ -375,13 +431,17 @@ def _scan_body_reads(eqn, reads, nested):
     reads = updated
 
 
-def _recomputed(eqn, index, inside, trips) -> RecomputedEquation:
+def _recomputed(eqn, index, inside, trips, context, paths) -> RecomputedEquation:
+  site = user_site(eqn.source_info)
+  if site is None and context is not None:
+    site = user_site(context.source_info)
   return RecomputedEquation(
       primitive=eqn.primitive.name,
       outputs=', '.join(v.aval.str_short(short_dtypes=True) for v in eqn.outvars),
       flops=flop_count.eqn_flops(eqn) * trips,
-      source=jx.source_info_util.summarize(eqn.source_info),
-      name=jx.name_of_named_value(eqn), index=index, inside=inside)
+      source=None if site is None else str(site),
+      name=jx.name_of_named_value(eqn), index=index, inside=inside,
+      site=site, module_path=paths.of(eqn) or (paths.of(context) if context else ''))
 
 
 def _call_body(eqn):

@@ -28,6 +28,7 @@ import numpy as np
 
 from remat_explorer.analysis.collectives import Collective, collectives_in
 from remat_explorer.analysis.collectives import count as count_collectives
+from remat_explorer.analysis.cache import ResultCache
 from remat_explorer.analysis.context import note_compile
 from remat_explorer.analysis.problem import Problem, check_positions
 from remat_explorer.analysis.program import PolicyChoice, policy_label
@@ -153,18 +154,21 @@ class CompiledCosts:
     return out
 
 
-_cache: dict = {}
+_cache = ResultCache(max_entries=64)
 
 
 def compile_costs(f, *args, policy: PolicyChoice = None, lowering: str | None = None,
-                  argnums: int | tuple[int, ...] = 0, donate_argnums=(),
+                  argnums: int | tuple[int, ...] = 0, has_aux: bool = False,
+                  whole_function: bool = False, donate_argnums=(),
                   repeats: int = 0, compiler_options: dict | None = None,
                   **kwargs) -> CompiledCosts:
   """Compile `f`'s training step at `args`, its outputs and their gradient
   (``gradient_function``), and report XLA's figures.
 
-  `policy`, `lowering` and `argnums` mean what they mean for ``analyze``
-  (``NO_REMAT`` as the policy gives the no-remat baseline).
+  `policy`, `lowering`, `argnums`, `has_aux` and `whole_function` mean what
+  they mean for ``analyze`` (``NO_REMAT`` as the policy gives the
+  no-remat baseline; a function without a remat block is compiled as
+  written unless a policy is given).
   `donate_argnums`: positional arguments (negative ones count from the
   end) whose every leaf is donated to ``jax.jit``, so donated buffers show
   as aliased memory; a position out of range is a ``ValueError``.
@@ -173,43 +177,36 @@ def compile_costs(f, *args, policy: PolicyChoice = None, lowering: str | None = 
   A compile that XLA refuses (out of memory, ...) gives a ``CompiledCosts``
   with ``failed=True`` and XLA's message. A sharded program (see
   ``analyze``) is compiled partitioned: the figures are per device, with
-  the collectives of its HLO. Results are cached by function,
-  argument shapes and dtypes, policy, lowering and device.
+  the collectives of its HLO. Results are cached like ``analyze``'s.
   """
-  problem = Problem.make(f, args, kwargs, argnums)
+  problem = Problem.make(f, args, kwargs, argnums, has_aux=has_aux,
+                         whole_function=whole_function, caller='compile_costs')
   donate = check_positions(donate_argnums, len(args), 'donate_argnums',
                            allow_empty=True)
+  if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 0:
+    raise ValueError(f'repeats must be an int >= 0 (runs to time), got {repeats!r}.')
   key = problem.cache_key(policy, lowering, donate, repeats,
                           tuple(sorted((compiler_options or {}).items())))
-  cached = _cache.get(key) if key is not None else None
-  if cached is not None:
-    return cached
-  program, blocks = problem.program_with_blocks(policy, lowering)
-  run_program = jx.core.jaxpr_as_fun(program)
-  costs = measure(
-      gradient_function(run_program, problem), problem.leaves,
-      function=problem.name, policy=policy_label(policy, blocks),
-      lowering=lowering or ', '.join(sorted({b.lowering for b in blocks})),
-      donate_argnums=_leaf_positions(problem, donate), repeats=repeats,
-      compiler_options=compiler_options,
-      placement=find_placement(problem.leaves, program))
-  if key is not None:
-    _cache[key] = costs
+  costs = _cache.get(key)
+  if costs is None:
+    program, blocks, notes = problem.program_with_blocks(policy, lowering)
+    run_program = problem.program_function(program, blocks)
+    costs = measure(
+        gradient_function(run_program, problem), problem.leaves,
+        function=problem.name, policy=policy_label(policy, blocks),
+        lowering=lowering or ', '.join(sorted({b.lowering for b in blocks})),
+        donate_argnums=problem.traced_positions(donate), repeats=repeats,
+        compiler_options=compiler_options,
+        placement=find_placement(problem.leaves, program), notes=notes)
+    _cache.put(key, costs)
   return costs
-
-
-def _leaf_positions(problem, donate_argnums) -> tuple[int, ...]:
-  """Flat leaf positions of the donated positional arguments."""
-  args, _ = jax.tree_util.tree_unflatten(problem.in_tree, problem.leaves)
-  starts = np.cumsum([0, *(len(jax.tree_util.tree_leaves(a)) for a in args)])
-  return tuple(j for i in donate_argnums for j in range(starts[i], starts[i + 1]))
 
 
 def gradient_function(run_program, problem):
   """The function compiled: ``jax.value_and_grad`` when the function returns
   one float scalar (the loss and its gradient, as a training step computes
-  them), else the VJP with a ones cotangent, returning the outputs and the
-  gradients.
+  them; ``has_aux`` as for ``value_and_grad``), else the VJP with a ones
+  cotangent, returning the outputs and the gradients.
 
   The outputs are returned in both cases because a training step uses them:
   with ``grad`` alone, XLA removes forward work that only feeds the loss
@@ -219,22 +216,29 @@ def gradient_function(run_program, problem):
   def split(leaves):
     diff = [x for x, d in zip(leaves, problem.diff_mask) if d]
     other = [x for x, d in zip(leaves, problem.diff_mask) if not d]
-    return diff, (lambda *d: run_program(*problem.merge(d, other)))
 
-  outs = jax.eval_shape(run_program, *problem.leaves)
+    def primal(*d):
+      outs = run_program(*problem.merge(d, other))
+      return outs[:problem.num_outputs], outs[problem.num_outputs:]
+    return diff, primal
+
+  outs = jax.eval_shape(run_program, *problem.leaves)[:problem.num_outputs]
   if len(outs) == 1 and outs[0].shape == () and _differentiable(outs[0]):
     def value_and_grad_step(*leaves):
       diff, primal = split(leaves)
-      return jax.value_and_grad(lambda *d: primal(*d)[0],
-                                argnums=tuple(range(len(diff))))(*diff)
+      def loss_and_aux(*d):
+        loss, aux = primal(*d)
+        return loss[0], aux
+      return jax.value_and_grad(loss_and_aux, argnums=tuple(range(len(diff))),
+                                has_aux=True)(*diff)
     return value_and_grad_step
 
   def vjp_step(*leaves):
     diff, primal = split(leaves)
-    outs, vjp_fn = jax.vjp(primal, *diff)
+    outs, vjp_fn, aux = jax.vjp(primal, *diff, has_aux=True)
     cotangents = [jax.numpy.ones_like(o) if _differentiable(o) else
                   np.zeros(o.shape, jax.dtypes.float0) for o in outs]
-    return outs, vjp_fn(cotangents)
+    return outs, aux, vjp_fn(cotangents)
   return vjp_step
 
 
@@ -243,7 +247,8 @@ def _differentiable(x) -> bool:
 
 
 def measure(step, leaves, *, function, policy, lowering, donate_argnums=(),
-            repeats=0, compiler_options=None, placement=None) -> CompiledCosts:
+            repeats=0, compiler_options=None, placement=None,
+            notes=()) -> CompiledCosts:
   device = jax.devices()[0]
   common = dict(function=function, policy=policy, lowering=lowering,
                 platform=device.platform, device_kind=device.device_kind)
@@ -264,7 +269,7 @@ def measure(step, leaves, *, function, policy, lowering, donate_argnums=(),
   memory_numbers, buffer_assignment = _memory_analysis_fields(memory)
   cost = _cost_analysis(compiled)
   hlo = compiled.as_text()
-  notes = []
+  notes = list(notes)
   devices = compiled_placement(compiled, placement)
   try:  # the timeline and the collectives are readings of XLA's text format
     module = parse_hlo(hlo)

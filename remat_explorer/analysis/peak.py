@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from remat_explorer.analysis.compiled import CompiledCosts
+from remat_explorer.analysis.origins import relative_path
 from remat_explorer.analysis.report import RematReport, Residual
 
 # HLO instruction kinds that implement a JAX primitive under another name.
@@ -56,12 +57,15 @@ def _match(buffer, residuals):
   # Buffers of a partitioned program hold one device's shard.
   same_size = [r for r in residuals if r.device_bytes == buffer.bytes]
   if buffer.source:
+    file, _, line = buffer.source.rpartition(':')
     for r in same_size:
-      if r.source and r.source.startswith(buffer.source + ':'):
+      if r.site is not None and (r.site.file, str(r.site.line)) == (relative_path(file), line):
         return r, 'source line'
   kind = buffer.op_name.rsplit('/', 1)[-1].split('.')[0]
   for r in same_size:
-    if _HLO_KIND_OF.get(r.primitive, r.primitive) == kind:
+    # A value a loop carries out of its body is the loop's output in HLO.
+    made_by = 'while' if r.carried_out_of else _HLO_KIND_OF.get(r.primitive, r.primitive)
+    if made_by == kind:
       return r, 'instruction kind'
   if same_size:
     return same_size[0], 'size'

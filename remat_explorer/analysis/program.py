@@ -13,9 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from remat_explorer.analysis.origins import entry_function, user_site
 from remat_explorer.analysis.policy_info import NO_REMAT, describe_policy
 from remat_explorer.engine import _jax_internals as jx
-from remat_explorer.engine.lowering import DEFAULT_STRATEGY, check_strategy
+from remat_explorer.engine.lowering import check_strategy, current_strategy
 from remat_explorer.engine.primitive import checkpoint_p
 from remat_explorer.engine.refs import DEFAULT_REF_EFFECTS
 
@@ -31,9 +32,15 @@ class BlockSite:
   """One remat block of the program."""
   index: int
   name: str
-  """The checkpointed function's name, made unique with ``#n`` if repeated."""
+  """``function``, made unique with ``#n`` if repeated."""
   function: str
-  """The checkpointed function's own name (what ``policy={name: ...}`` matches)."""
+  """The user's function the block runs: the checkpointed function, or
+  the method a framework wrapper calls (``Block`` for a Flax module's
+  ``Block.__call__``), found from the body's tracebacks. What
+  ``policy={name: ...}`` matches (``wrapper`` too)."""
+  wrapper: str
+  """The name of the function JAX was handed (a framework's wrapper,
+  such as Flax's ``core_fn``, or the user's function itself)."""
   path: tuple[str, ...]
   """The constructs enclosing the block, outermost first, e.g. ``('scan×16',)``."""
   trip_count: int | None
@@ -64,7 +71,7 @@ def find_blocks(closed: core.ClosedJaxpr, policy: PolicyChoice = None,
     check_strategy(lowering)
   _check_policy_choice(policy)
   walker = _Walker(policy, lowering)
-  jaxpr = walker.rewrite(closed.jaxpr, path=(), trip_count=1, parent=None)
+  jaxpr = walker.rewrite(closed.jaxpr, path=(), trip_count=1, parent=None, site=None)
   return core.ClosedJaxpr(jaxpr, closed.consts), walker.blocks
 
 
@@ -77,7 +84,8 @@ def check_block_names(policy: PolicyChoice, blocks: list[BlockSite],
   if not isinstance(policy, Mapping):
     return
   found = sorted({b.function for b in blocks})
-  missing = sorted(set(policy) - set(found))
+  known = set(found) | {b.wrapper for b in blocks}
+  missing = sorted(set(policy) - known)
   if not missing:
     return
   if whole_function:
@@ -117,48 +125,55 @@ class _Walker:
     # work as they do for the original program.
     self._rewritten: dict[int, tuple[core.Jaxpr, core.Jaxpr]] = {}
 
-  def rewrite(self, jaxpr: core.Jaxpr, path, trip_count, parent) -> core.Jaxpr:
-    eqns = [self._rewrite_eqn(e, path, trip_count, parent) for e in jaxpr.eqns]
+  def rewrite(self, jaxpr: core.Jaxpr, path, trip_count, parent, site) -> core.Jaxpr:
+    """`site`: the user's line of the innermost enclosing equation that has
+    one; JAX records only a body's own frames for the equations in it."""
+    eqns = [self._rewrite_eqn(e, path, trip_count, parent,
+                              user_site(e.source_info) or site)
+            for e in jaxpr.eqns]
     if id(jaxpr) in self._rewritten:
       return self._rewritten[id(jaxpr)][1]
     rewritten = jaxpr.replace(eqns=eqns)
     self._rewritten[id(jaxpr)] = (jaxpr, rewritten)  # keeps `jaxpr` alive
     return rewritten
 
-  def _rewrite_eqn(self, eqn, path, trip_count, parent):
+  def _rewrite_eqn(self, eqn, path, trip_count, parent, site):
     if eqn.primitive is checkpoint_p or eqn.primitive is jx.jax_remat_p:
-      return self._rewrite_block(eqn, path, trip_count, parent)
+      return self._rewrite_block(eqn, path, trip_count, parent, site)
     if eqn.primitive.name.startswith('custom_'):
       return eqn  # its rules are user code over the original body
     step, inner_trips = _construct(eqn)
     inner_trip_count = (None if trip_count is None or inner_trips is None
                         else trip_count * inner_trips)
     new_params = {
-        k: _map_jaxprs(v, lambda j: self.rewrite(j, (*path, step), inner_trip_count, parent))
+        k: _map_jaxprs(v, lambda j: self.rewrite(j, (*path, step), inner_trip_count,
+                                                 parent, site))
         for k, v in eqn.params.items()}
     if all(new_params[k] is eqn.params[k] for k in eqn.params):
       return eqn
     return eqn.replace(params=new_params)
 
-  def _rewrite_block(self, eqn, path, trip_count, parent):
+  def _rewrite_block(self, eqn, path, trip_count, parent, site):
     dbg = eqn.params['jaxpr'].debug_info
-    function = (dbg.func_name if dbg else None) or 'checkpointed'
+    wrapper = (dbg.func_name if dbg else None) or 'checkpointed'
+    function = entry_function(eqn, eqn.params['jaxpr']) or wrapper
     count = self._name_counts.get(function, 0) + 1
     self._name_counts[function] = count
     index = len(self.blocks)
     self.blocks.append(None)  # reserve the index; nested blocks come after
-    body = self.rewrite(eqn.params['jaxpr'], (*path, function), trip_count, index)
-    policy = self._policy_for(function, eqn.params['policy'])
-    lowering = self.lowering or eqn.params.get('lowering', DEFAULT_STRATEGY)
+    body = self.rewrite(eqn.params['jaxpr'], (*path, function), trip_count, index, site)
+    policy = self._policy_for((function, wrapper), eqn.params['policy'])
+    # JAX's blocks carry no strategy: they take the enclosing one, as ours do.
+    lowering = self.lowering or eqn.params.get('lowering') or current_strategy(None)
     params = dict(jaxpr=body, prevent_cse=eqn.params['prevent_cse'],
                   differentiated=eqn.params['differentiated'], policy=policy,
                   lowering=lowering,
                   ref_effects=eqn.params.get('ref_effects', DEFAULT_REF_EFFECTS))
     self.blocks[index] = BlockSite(
         index=index, name=function if count == 1 else f'{function}#{count}',
-        function=function, path=path, trip_count=trip_count, body=body,
+        function=function, wrapper=wrapper, path=path, trip_count=trip_count, body=body,
         policy=policy, lowering=lowering,
-        source=jx.source_info_util.summarize(eqn.source_info),
+        source=None if site is None else str(site),
         library='remat_explorer' if eqn.primitive is checkpoint_p else 'jax',
         parent=parent)
     if policy is NO_REMAT:
@@ -169,9 +184,9 @@ class _Walker:
     return core.new_jaxpr_eqn(eqn.invars, eqn.outvars, checkpoint_p, params,
                               eqn.effects, eqn.source_info, eqn.ctx)
 
-  def _policy_for(self, function, own_policy):
+  def _policy_for(self, names, own_policy):
     if isinstance(self.policy, Mapping):
-      return self.policy.get(function, own_policy)
+      return next((self.policy[n] for n in names if n in self.policy), own_policy)
     return own_policy if self.policy is None else self.policy
 
 

@@ -23,9 +23,13 @@ class Residual:
   description: str
   """As ``saved_residuals`` words it."""
   name: str | None = None
-  """Its ``checkpoint_name``, if it is a named value."""
+  """Its ``checkpoint_name``, if it is a named value (also when a ``scan``,
+  ``while`` or ``cond`` carries it out of its body)."""
   primitive: str | None = None
+  """The primitive that computed it (inside the body that carried it out)."""
   source: str | None = None
+  """``file:line (function)`` of the user's code that computed it: the
+  innermost frame outside JAX, Flax, Equinox, optax and this package."""
   argument: str | None = None
   block: str | None = None
   """The remat block whose forward pass saved it, when known."""
@@ -41,6 +45,15 @@ class Residual:
   """The shard each device keeps (``sharding.shard_shape(shape)``)."""
   per_device_bytes: int | None = None
   """Bytes of that shard: what saving it costs each device."""
+  site: Any = None
+  """``source`` as data: an ``origins.CodeSite`` (file, line, function)."""
+  module_path: str = ''
+  """Where in the model it was computed: the module path Flax Linen or
+  ``jax.named_scope`` recorded, or the one read from the parameters it
+  derives from (``blocks/attention/query``); '' when nothing says."""
+  carried_out_of: tuple[str, ...] = ()
+  """The constructs that carried it out of a body, e.g. ``('scan×4',)``
+  for a value a scan stacks over its 4 steps."""
 
   @property
   def type_string(self) -> str:
@@ -70,6 +83,9 @@ class RecomputedEquation:
   """For an equation inside a call of the staged half (a nested block, or a
   ``jit``) that also reads (co)tangents: that call's position among the
   staged equations."""
+  site: Any = None
+  """``source`` as data (``origins.CodeSite``)."""
+  module_path: str = ''
 
 
 @dataclass(frozen=True)
@@ -85,6 +101,7 @@ class BlockReport:
   lowering: str
   parent: str | None
   source: str | None
+  """Where the user's code applied the checkpoint (its innermost frame)."""
   differentiated: bool
   """Whether differentiation split this block with its own policy (False
   for a block that no differentiated input reaches). A block nested in
@@ -114,6 +131,11 @@ class BlockReport:
   """For each known block input, whether the known jaxpr reads it."""
   staged_inputs_used: tuple[bool, ...] = ()
   """For each block input, whether the staged jaxpr reads it."""
+  module_path: str = ''
+  """The module path the block's body runs in (see ``Residual``)."""
+  wrapper: str = ''
+  """The name of the function JAX was handed, when it differs from
+  ``function`` (a framework's wrapper)."""
   split_pass: str | None = None
   """Which pass took the split this report describes: ``'forward'`` (a block
   not nested in another: its residuals live from the forward pass to the
@@ -172,6 +194,12 @@ class RematReport:
   """Devices the program is partitioned over (1 unless it is sharded)."""
   mesh_shape: tuple[tuple[str, int], ...] | None = None
   """The device mesh's axes and sizes, e.g. ``(('data', 2), ('model', 4))``."""
+  notes: tuple[str, ...] = ()
+  """What was done to the program before analysing it, in words (e.g. a
+  function without a remat block checkpointed as a whole because a policy
+  was given)."""
+  has_aux: bool = False
+  """Whether only the first output (the loss) was differentiated."""
 
   @property
   def residual_bytes(self) -> int:

@@ -1,0 +1,59 @@
+"""Bounded caches of analysis results, and ``clear_caches``.
+
+``analyze`` and ``compile_costs`` keep their results, keyed on everything
+that changes the answer (``Problem.cache_key``: the function, its argument
+types and held values, the policy, argnums, has_aux, donation, the device,
+the mesh and the enclosing lowering strategy). Each cache holds the most
+recently used entries only: a compiled result holds its jaxprs, HLO
+readings and timeline, so an unbounded cache would grow with every policy
+a session tries.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+
+_caches: list['ResultCache'] = []
+
+
+class ResultCache:
+  """A least-recently-used mapping of at most `max_entries` results."""
+
+  def __init__(self, max_entries: int):
+    self.max_entries = max_entries
+    self._entries: collections.OrderedDict = collections.OrderedDict()
+    self._lock = threading.Lock()  # the Explorer's threads share the caches
+    _caches.append(self)
+
+  def get(self, key):
+    if key is None:
+      return None
+    with self._lock:
+      value = self._entries.get(key)
+      if value is not None:
+        self._entries.move_to_end(key)
+      return value
+
+  def put(self, key, value) -> None:
+    if key is None:
+      return
+    with self._lock:
+      self._entries[key] = value
+      self._entries.move_to_end(key)
+      while len(self._entries) > self.max_entries:
+        self._entries.popitem(last=False)
+
+  def clear(self) -> None:
+    with self._lock:
+      self._entries.clear()
+
+  def __len__(self) -> int:
+    return len(self._entries)
+
+
+def clear_caches() -> None:
+  """Forget every cached report and compiled result (to measure again, or
+  to free their memory)."""
+  for cache in _caches:
+    cache.clear()

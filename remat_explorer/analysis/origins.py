@@ -1,0 +1,462 @@
+"""Where a value comes from, in the user's terms: their source line, the
+module path of the model, the ``checkpoint_name`` they gave it.
+
+JAX records, with every equation, the Python traceback of the call that
+bound it and a name stack (``jax.named_scope``, Flax Linen's module names,
+and transformation wrappers such as ``jvp(...)``). Both point into
+frameworks as often as into the user's code: a residual of a Flax
+``nn.scan`` stack reads as the output of ``scan`` from
+``flax/core/axes_scan.py``. This module turns them back into the user's
+terms:
+
+* ``user_site``: the innermost frame outside JAX, Flax, Equinox, optax,
+  this package and Python's standard library, its file relative to the
+  working directory when under it.
+* ``clean_scope``: a name stack without JAX's transformation wrappers
+  (``transpose(jvp(Model))/blocks`` -> ``Model/blocks``).
+* ``ModulePaths``: for frameworks that record no module names (Flax NNX,
+  Equinox, plain JAX with parameter pytrees), the module path read from the
+  parameters an equation uses: a matmul reading
+  ``params['blocks']['attention']['query']['kernel']`` runs in module
+  ``blocks/attention/query``, and the other equations of the same call of a
+  method (``Attention.__call__``) in the longest path all of its parameters
+  share (``blocks/attention``).
+* ``trace_producer``: the equation that really made a value, looking through
+  the ``scan``, ``while``, ``cond`` and calls that carry it out of a body,
+  and through the rounding and offloading that the split adds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+import os
+import re
+import sysconfig
+from typing import Iterable, Sequence
+
+from jax.extend.core import Literal, Var
+
+# Frames in these packages are the machinery between the user and JAX.
+_LIBRARIES = ('jax', 'jaxlib', 'flax', 'equinox', 'optax', 'chex', 'jaxtyping',
+              'typeguard', 'wadler_lindig', 'treescope', 'remat_explorer')
+
+
+@functools.lru_cache(maxsize=None)
+def _package_roots(names: tuple[str, ...]) -> tuple[str, ...]:
+  roots = []
+  for name in names:
+    try:
+      spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+      continue
+    if spec is not None and spec.submodule_search_locations:
+      roots.extend(spec.submodule_search_locations)
+  return tuple(os.path.join(os.path.realpath(r), '') for r in roots)
+
+
+@functools.lru_cache(maxsize=None)
+def _library_roots() -> tuple[str, ...]:
+  stdlib = {sysconfig.get_paths()['stdlib'], sysconfig.get_paths()['platstdlib']}
+  return (*(os.path.join(os.path.realpath(r), '') for r in stdlib),
+          *_package_roots(_LIBRARIES))
+
+
+@functools.lru_cache(maxsize=4096)
+def is_library_file(path: str) -> bool:
+  if not path or path.startswith('<frozen'):
+    return True
+  real = os.path.realpath(path)
+  return any(real.startswith(root) for root in _library_roots())
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class CodeSite:
+  """A line of the user's code."""
+  file: str
+  """Relative to the working directory when under it, else absolute."""
+  line: int
+  function: str
+
+  def __str__(self) -> str:
+    return f'{self.file}:{self.line} ({self.function})'
+
+
+Frame = tuple[str, int, str]
+"""(file, line, function qualname), as JAX's tracebacks record them."""
+
+
+def frames_of(traceback) -> tuple[Frame, ...]:
+  """The frames of an equation's traceback, outermost first."""
+  if traceback is None:
+    return ()
+  return _frames(traceback)
+
+
+@functools.lru_cache(maxsize=65536)
+def _frames(traceback) -> tuple[Frame, ...]:
+  return tuple((f.file_name, f.line_num, f.function_name)
+               for f in reversed(traceback.frames))
+
+
+def user_frames(traceback) -> tuple[Frame, ...]:
+  """The frames of the user's own code, outermost first."""
+  return tuple(f for f in frames_of(traceback) if not is_library_file(f[0]))
+
+
+def user_site(source_info) -> CodeSite | None:
+  """The innermost line of the user's code on the way to `source_info`."""
+  frames = user_frames(getattr(source_info, 'traceback', None))
+  return None if not frames else site_of(frames[-1])
+
+
+def site_of(frame: Frame) -> CodeSite:
+  file, line, function = frame
+  return CodeSite(relative_path(file), line, function)
+
+
+@functools.lru_cache(maxsize=4096)
+def relative_path(path: str) -> str:
+  try:
+    relative = os.path.relpath(path)
+  except ValueError:  # another drive (Windows)
+    return path
+  return path if relative.startswith('..') else relative
+
+
+def entry_function(call_eqn, body) -> str | None:
+  """The user's function a call runs (a remat block's): the first frame of
+  the user's code that its body's equations were traced in and its call
+  site was not. A framework's wrappers in between are skipped, so a Flax
+  module's block is named by its ``__call__``'s class (``Block``)."""
+  outside = set(user_frames(call_eqn.source_info.traceback))
+  counts: dict[str, int] = {}
+  for eqn in body.eqns:
+    for frame in user_frames(eqn.source_info.traceback):
+      if frame not in outside:
+        counts[frame[2]] = counts.get(frame[2], 0) + 1
+        break
+  if not counts:
+    return None
+  return display_name(max(counts, key=counts.get))
+
+
+def display_name(qualname: str) -> str:
+  """``Model.__call__.<locals>.run`` -> ``run``; ``Block.__call__`` ->
+  ``Block``: a function as its user would name it."""
+  return qualname.rsplit('<locals>.', 1)[-1].removesuffix('.__call__')
+
+
+# -- name stacks -----------------------------------------------------------------
+
+_WRAPPER = re.compile(r'^[A-Za-z_]\w*\((.*)\)$')
+
+
+def clean_scope(name_stack) -> str:
+  """A name stack as a module path: JAX's transformation wrappers
+  (``jvp(...)``, ``transpose(...)``, ``vmap(...)``) and the recompute's
+  ``rematted_computation`` scope removed."""
+  parts = []
+  for part in _split_scopes(str(name_stack)):
+    while (m := _WRAPPER.match(part)) and _balanced(m.group(1)):
+      part = m.group(1)
+    for inner in _split_scopes(part):
+      if inner and inner not in ('rematted_computation', 'checkpoint'):
+        parts.append(inner)
+  return '/'.join(parts)
+
+
+def join_scopes(outer: str, inner: str) -> str:
+  return '/'.join(p for p in (outer, inner) if p)
+
+
+def _split_scopes(text: str) -> list[str]:
+  parts, depth, start = [], 0, 0
+  for i, c in enumerate(text):
+    depth += {'(': 1, ')': -1}.get(c, 0)
+    if c == '/' and depth == 0:
+      parts.append(text[start:i])
+      start = i + 1
+  parts.append(text[start:])
+  return [p for p in parts if p]
+
+
+def _balanced(text: str) -> bool:
+  depth = 0
+  for c in text:
+    depth += {'(': 1, ')': -1}.get(c, 0)
+    if depth < 0:
+      return False
+  return depth == 0
+
+
+# -- module paths from parameters ----------------------------------------------------
+
+# Equations that only move or reshape a parameter: what they give is still
+# the parameter (a slice of a stacked one under scan, a cast, ...).
+_VIEWS = frozenset('''reshape squeeze expand_dims broadcast_in_dim convert_element_type
+  transpose copy copy_p slice dynamic_slice device_put sharding_constraint
+  reduce_precision'''.split())
+_LEAF_WRAPPERS = ('value', 'raw_value')
+
+
+def path_components(arg_name: str) -> tuple[str, ...]:
+  """``params['blocks'][0].kernel.value`` -> ``('params', 'blocks', '0',
+  'kernel', 'value')``: the keys of a pytree path as JAX prints it."""
+  return tuple(m.group(1) or m.group(2) or m.group(3) for m in
+               re.finditer(r"\['([^']*)'\]|\[(\d+)\]|\.?([A-Za-z_]\w*)", arg_name))
+
+
+def module_of_parameter(arg_name: str) -> str:
+  """The module path of a parameter: its path without the argument's own
+  name, the array's key (``kernel``, ``weight``) and value wrappers."""
+  parts = list(path_components(arg_name))[1:]
+  while parts and parts[-1] in _LEAF_WRAPPERS:
+    parts.pop()
+  return '/'.join(parts[:-1])
+
+
+def _common_path(paths: Iterable[str]) -> str:
+  split = [p.split('/') for p in paths]
+  if not split:
+    return ''
+  common = os.path.commonprefix(split)
+  return '/'.join(common)
+
+
+def _is_method(function: str) -> bool:
+  """``Attention.__call__`` is; ``scan.<locals>.body`` and ``f`` are not."""
+  return '.' in function and '<' not in function
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_jax_file(path: str) -> bool:
+  real = os.path.realpath(path)
+  return any(real.startswith(root) for root in _package_roots(('jax', 'jaxlib')))
+
+
+def _calls(frames: Sequence[Frame]) -> list[tuple]:
+  """The method calls an equation runs inside, outermost first: each one
+  identified by the call sites leading to it and the method itself, so
+  that two calls of one method from different lines differ. JAX's own
+  methods (``ufunc.__call__``, ...) are not a model's modules."""
+  keys, sites = [], []
+  for file, line, function in frames:
+    if _is_jax_file(file):
+      continue
+    if _is_method(function):
+      keys.append((*sites, (file, function)))
+    sites.append((file, line))
+  return keys
+
+
+class ModulePaths:
+  """Module paths of a program's equations, from the parameters they use.
+
+  Built once from the program (before differentiation), it answers for any
+  equation with the same traceback, such as the forward and backward
+  copies differentiation makes of it.
+  """
+
+  def __init__(self, jaxpr, arg_names: Sequence[str]):
+    self._by_call: dict[tuple, set[str]] = {}
+    self._direct: dict[object, set[str]] = {}
+    paths = {v: module_of_parameter(n) for v, n in zip(jaxpr.invars, arg_names)
+             if n and module_of_parameter(n)}
+    self._walk(jaxpr, paths)
+    self._path_of_call = {k: _common_path(v) for k, v in self._by_call.items()}
+    self._path_of_line = {k: _common_path(v) for k, v in self._direct.items()}
+
+  def _walk(self, jaxpr, paths: dict) -> set[str]:
+    """Record the module paths each equation reads; return all of them.
+
+    JAX records, for an equation inside a body (``jit``, ``scan``, ...),
+    only the frames from the body's function down; so what a body reads
+    is also recorded for the method calls of the equation holding it."""
+    read_here: set[str] = set()
+    for eqn in jaxpr.eqns:
+      read = {paths[v] for v in eqn.invars if isinstance(v, Var) and v in paths}
+      if eqn.primitive.name in _VIEWS and len(read) == 1:
+        paths.update((o, next(iter(read))) for o in eqn.outvars)
+        continue
+      subs = _sub_programs(eqn)
+      inside = set()
+      for body, body_inputs in subs:
+        inner = {b: paths[o] for b, o in zip(body.invars, body_inputs)
+                 if isinstance(o, Var) and o in paths}
+        inside |= self._walk(body, inner)
+      tb = eqn.source_info.traceback
+      if read and not subs and tb is not None:
+        self._direct.setdefault(tb, set()).add(_common_path(read))
+      found = inside if subs else ({_common_path(read)} if read else set())
+      if found and tb is not None:
+        for call in _calls(frames_of(tb)):
+          self._by_call.setdefault(call, set()).update(found)
+      read_here |= found
+    return read_here
+
+  def of(self, eqn) -> str:
+    """The module path of `eqn` (or of any equation with its traceback);
+    '' when its parameters say nothing."""
+    tb = eqn.source_info.traceback
+    if tb is None:
+      return ''
+    if tb in self._path_of_line:
+      return self._path_of_line[tb]
+    for call in reversed(_calls(frames_of(tb))):
+      if self._path_of_call.get(call):
+        return self._path_of_call[call]
+    return ''
+
+
+def _sub_programs(eqn) -> list[tuple]:
+  """(jaxpr, the outer atoms its inputs are) for the bodies of an equation
+  whose inputs map onto its body's one to one."""
+  params, name = eqn.params, eqn.primitive.name
+  if name == 'cond':
+    return [(b.jaxpr, eqn.invars[1:]) for b in params['branches']]
+  if name == 'while':
+    nc, nb = params['cond_nconsts'], params['body_nconsts']
+    return [(params['body_jaxpr'].jaxpr, eqn.invars[nc:nc + nb] + eqn.invars[nc + nb:])]
+  body = call_body(eqn)
+  return [] if body is None else [(body, eqn.invars)]
+
+
+def call_body(eqn):
+  """The jaxpr of a call-like equation (``jit``, ``scan``, ``checkpoint``,
+  JAX's ``remat``, custom derivatives, ``closed_call``) whose inputs are
+  the equation's inputs in order, or None."""
+  for key in ('jaxpr', 'call_jaxpr', 'fun_jaxpr'):
+    body = eqn.params.get(key)
+    body = getattr(body, 'jaxpr', body)
+    if (body is not None and hasattr(body, 'eqns')
+        and len(body.invars) == len(eqn.invars)):
+      return body
+  return None
+
+
+# -- the producer of a value -------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Producer:
+  """The equation that computed a value, found by looking into bodies."""
+  eqn: object
+  scope: str
+  """The cleaned name stack of the equation, bodies' enclosing scopes joined."""
+  carried_out_of: tuple[str, ...] = ()
+  """The constructs the value was carried out of, outermost first, e.g.
+  ``('scan×4',)`` for a value stacked by a scan over 4 steps."""
+  enclosing: tuple = ()
+  """The equations whose bodies were entered to reach it, outermost first."""
+
+  def site(self) -> CodeSite | None:
+    """The user's line that computed the value. JAX records, for an
+    equation inside a ``jit``, only the frames within the jitted function,
+    so where those are all a library's, the call's own line answers."""
+    for eqn in (self.eqn, *reversed(self.enclosing)):
+      if (site := user_site(eqn.source_info)) is not None:
+        return site
+    return None
+
+  def module_path(self, paths: 'ModulePaths') -> str:
+    for eqn in (self.eqn, *reversed(self.enclosing)):
+      if path := paths.of(eqn):
+        return path
+    return self.scope
+
+
+# Bookkeeping the split adds on a residual: look through to the value.
+_PASS_THROUGH = ('reduce_precision', 'device_put', 'copy', 'copy_p')
+
+
+def trace_producer(jaxpr, var, scope: str = '') -> Producer | None:
+  """The equation of `jaxpr` (or of a body inside it) that computed `var`."""
+  carried: list[str] = []
+  enclosing: list = []
+  for _ in range(64):  # bodies nest; a bound keeps a malformed jaxpr finite
+    eqn, k = _producer(jaxpr, var)
+    if eqn is None:
+      return None
+    eqn_scope = join_scopes(scope, clean_scope(eqn.source_info.name_stack))
+    here = Producer(eqn, eqn_scope, tuple(carried), tuple(enclosing))
+    if eqn.primitive.name in _PASS_THROUGH:
+      if eqn.invars and isinstance(eqn.invars[0], Var):
+        var = eqn.invars[0]
+        continue
+      return here
+    found = _into_body(eqn, k)
+    if found is None:
+      return here
+    body, body_var, label, outer_input = found
+    if outer_input is not None:
+      var = outer_input  # passed through the body unchanged: look outside
+      continue
+    if not isinstance(body_var, Var):
+      return here
+    if label:
+      carried.append(label)
+    enclosing.append(eqn)
+    jaxpr, var, scope = body, body_var, eqn_scope
+  return None
+
+
+def _producer(jaxpr, var):
+  if isinstance(var, Literal):
+    return None, 0
+  for eqn in jaxpr.eqns:
+    for k, out in enumerate(eqn.outvars):
+      if out is var:
+        return eqn, k
+  return None, 0
+
+
+def _into_body(eqn, k):
+  """(body, the body's value for output `k`, a label, the outer input it
+  passes through when it does) for equations that carry a body's value out."""
+  name, params = eqn.primitive.name, eqn.params
+  if name == 'scan':
+    body = params['jaxpr'].jaxpr
+    out = _scan_value(body, body.outvars[k], params['num_consts'], params['num_carry'])
+    return body, out, f"scan×{params['length']}", _outer_input(eqn, body, out)
+  if name == 'while':
+    body = params['body_jaxpr'].jaxpr
+    out = body.outvars[k]
+    nc, nb = params['cond_nconsts'], params['body_nconsts']
+    outer = None
+    if isinstance(out, Var) and out in body.invars:
+      outer = (eqn.invars[nc:nc + nb] + eqn.invars[nc + nb:])[body.invars.index(out)]
+    return body, out, 'while', outer
+  if name == 'cond':
+    branches = [b.jaxpr for b in params['branches']]
+    # The branch whose value says most: the first with a producer inside.
+    body = next((b for b in branches if isinstance(b.outvars[k], Var)
+                 and b.outvars[k] not in b.invars), branches[0])
+    out = body.outvars[k]
+    outer = None
+    if isinstance(out, Var) and out in body.invars:
+      outer = eqn.invars[1:][body.invars.index(out)]
+    return body, out, 'cond', outer
+  body = call_body(eqn)
+  if body is None or k >= len(body.outvars):
+    return None
+  out = body.outvars[k]
+  return body, out, '', _outer_input(eqn, body, out)
+
+
+def _scan_value(body, out, num_consts, num_carry):
+  """A scan's stacked output that is the carry as a step receives it (the
+  input of every layer, say) is made by the step before: look at what the
+  body returns as that carry, unless it returns the carry unchanged."""
+  carry_in = body.invars[num_consts:num_consts + num_carry]
+  if isinstance(out, Var) and out in carry_in:
+    carried = body.outvars[carry_in.index(out)]
+    if carried is not out:
+      return carried
+  return out
+
+
+def _outer_input(eqn, body, out):
+  if isinstance(out, Var) and out in body.invars:
+    return eqn.invars[body.invars.index(out)]
+  return None
