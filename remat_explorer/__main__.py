@@ -38,29 +38,42 @@ def report_main(argv=None) -> int:
                       choices=['transformer', 'mlp', 'convnet'],
                       help='an example model at its default size')
   source.add_argument('--fn', help='module:function returning (loss_fn, args)')
-  parser.add_argument('--policy', default='dots_saveable',
-                      help='the policy shown in detail (a comparison row label)')
+  parser.add_argument(
+      '--policy', default='as written',
+      help="the policy shown in detail: 'as written' (the program's own), "
+           "'no remat', or any policy jax.checkpoint_policies builds, e.g. "
+           "\"save_only_these_names('mlp_hidden', 'qkv')\"")
   parser.add_argument('--out', default='report.html', type=Path)
   args = parser.parse_args(argv)
 
   from remat_explorer.analysis import analyze, builtin_policies, compare
+  from remat_explorer.analysis.compare import AS_WRITTEN, AS_WRITTEN_NO_REMAT
+  from remat_explorer.analysis.policy_info import describe_policy
+  from remat_explorer.analysis.policy_text import parse_policy
   from remat_explorer.viz.html_report import report_html
 
   loss_fn, fn_args = _load_problem(args)
   start = time.perf_counter()
-  names = analyze(loss_fn, *fn_args).names_in_program
-  labels = ['no remat', *builtin_policies(names)]
-  if args.policy not in labels:  # said before anything compiles
-    print(f'--policy {args.policy!r} is not one of {labels}', file=sys.stderr)
-    return 2
+  first = analyze(loss_fn, *fn_args)
+  policies = builtin_policies(first.names_in_program)
+  shown = args.policy
+  if shown not in (AS_WRITTEN, AS_WRITTEN_NO_REMAT, 'no remat', *policies):
+    try:  # said before anything compiles
+      policy = parse_policy(shown)
+    except ValueError as e:
+      print(f'--policy: {e}', file=sys.stderr)
+      return 2
+    shown = describe_policy(policy)
+    policies.setdefault(shown, policy)
+  if shown == AS_WRITTEN and not first.blocks:
+    shown = AS_WRITTEN_NO_REMAT
 
-  def progress(i, n, label):
-    if i < n:
-      print(f'[{i + 1}/{n}] compiling under {label} '
-            f'({time.perf_counter() - start:.1f} s)', flush=True)
-  comparison = compare(loss_fn, *fn_args, progress=progress)
-  shown = comparison.row(args.policy).report
-  args.out.write_text(report_html(comparison, shown), encoding='utf-8')
+  def progress(done, total, label):
+    print(f'[{done}/{total}] compiled under {label} '
+          f'({time.perf_counter() - start:.1f} s)', flush=True)
+  comparison = compare(loss_fn, *fn_args, policies=policies, progress=progress)
+  args.out.write_text(report_html(comparison, comparison.row(shown).report),
+                      encoding='utf-8')
   print(f'wrote {args.out} ({args.out.stat().st_size / 1024:.0f} KiB) in '
         f'{time.perf_counter() - start:.1f} s')
   return 0

@@ -158,20 +158,20 @@ def test_compare_covers_every_policy_with_a_pareto_front():
   calls = []
   comparison = compare(loss_fn, *args, progress=lambda i, n, label: calls.append((i, n, label)))
   labels = [r.label for r in comparison.rows]
-  assert labels[0] == 'no remat' and comparison.baseline.policy is NO_REMAT
+  assert labels[:2] == ['as written', 'no remat'] and comparison.baseline.policy is NO_REMAT
+  assert comparison.row('as written').policy is None
   assert {'nothing_saveable', 'dots_saveable', 'everything_saveable'} <= set(labels)
   assert any(label.startswith('save_only_these_names(') for label in labels)
-  assert [c[0] for c in calls] == list(range(len(labels) + 1))
-  front = comparison.pareto_front
-  assert front
+  # Progress counts the policies done, whichever finishes first.
+  assert sorted(c[0] for c in calls) == list(range(1, len(labels) + 1))
+  assert {c[1] for c in calls} == {len(labels)} and {c[2] for c in calls} == set(labels)
+  assert comparison.pareto_front
   for r in comparison.rows:
-    if r.report is None:
-      continue
-    dominated_by_front = any(
-        f.peak_bytes <= r.peak_bytes and f.flops <= r.flops
-        and (f.peak_bytes < r.peak_bytes or f.flops < r.flops)
-        for f in front if f.flops is not None)
-    assert r.on_pareto_front != dominated_by_front or r.on_pareto_front
+    dominated = any(
+        o.peak_bytes <= r.peak_bytes and o.flops <= r.flops
+        and (o.peak_bytes < r.peak_bytes or o.flops < r.flops)
+        for o in comparison.rows)
+    assert r.on_pareto_front == (not dominated), r.label
   json.dumps(comparison.to_dict())
 
 
@@ -182,7 +182,7 @@ def test_recompute_merged_by_xla_is_flagged():
   6-layer MLP under nothing_saveable lowers to 23 dots (6 forward, 6
   recomputed, 11 transposed: the first layer's input needs no cotangent)
   and compiles to 17, the recompute merged away."""
-  program, args = _mlp(num_layers=6, seed=int(np.random.default_rng().integers(1 << 16)))
+  program, args = _mlp(num_layers=6, seed=int(np.random.default_rng(1001).integers(1 << 16)))
   row = compare(program, *args, policies=['nothing_saveable', 'everything_saveable']).row(
       'nothing_saveable')
   merged = row.costs.lowered_matmuls - row.costs.compiled_matmuls
@@ -192,11 +192,9 @@ def test_recompute_merged_by_xla_is_flagged():
   assert (row.recompute_eliminated is not None) == (merged > 0)
   if jax.default_backend() == 'cpu':
     assert (row.costs.lowered_matmuls, row.costs.compiled_matmuls) == (23, 17)
-    assert row.recompute_eliminated == (
-        'recompute eliminated by the compiler: the backward pass should '
-        'recompute 6 matmul(s); the lowered program has 23, the optimized one '
-        '17, so 6 recomputed matmul(s) were merged with the forward pass and '
-        'their outputs are kept alive instead.')
+    # The flag gives the counts it was decided on.
+    assert 'recompute 6 matmul(s)' in row.recompute_eliminated
+    assert 'has 23, the optimized one 17' in row.recompute_eliminated
 
 
 def test_memory_that_did_not_drop_is_a_warning_naming_the_largest_residuals():
@@ -205,7 +203,7 @@ def test_memory_that_did_not_drop_is_a_warning_naming_the_largest_residuals():
   Under ``lowering='cond'`` (a recompute XLA cannot merge away) saving
   nothing drops memory here and saving everything does not; both are
   checked as premises."""
-  program, args = _wide_then_narrow(int(np.random.default_rng().integers(1 << 16)))
+  program, args = _wide_then_narrow(int(np.random.default_rng(1002).integers(1 << 16)))
   comparison = compare(program, *args, lowering='cond',
                        policies=['nothing_saveable', 'everything_saveable'])
   baseline = comparison.baseline
@@ -229,7 +227,7 @@ def test_recompute_flops_to_drop_is_the_producing_equations_flops():
   """A residual buffer at the peak says what dropping it would cost: the
   FLOPs of the equation that produced it, counted as XLA counts them (a
   matmul 2 x output elements x contracted size; tanh, a transcendental, 0)."""
-  width = int(np.random.default_rng().integers(24, 80))
+  width = int(np.random.default_rng(1003).integers(24, 80))
   program, args = _mlp(num_layers=4, width=width, batch=32, seed=width)
   report = analyze(program, *args, policy=cp.dots_saveable)
   found = [p for p in residuals_at_peak(report, compile_costs(program, *args,
@@ -248,8 +246,14 @@ def test_recompute_flops_to_drop_is_the_producing_equations_flops():
 
 def test_compare_rejects_unknown_policy_names():
   program, args = _mlp(num_layers=2)
-  with pytest.raises(ValueError, match="'dots_savable' is not a ready-made policy"):
+  with pytest.raises(ValueError, match="'dots_savable' is not a policy of checkpoint_policies"):
     compare(program, *args, policies=['dots_savable'])
+  with pytest.raises(ValueError, match='builds a policy from arguments; call it'):
+    compare(program, *args, policies=['save_only_these_names'])
+  # A policy written as text is read as jax.checkpoint_policies builds it.
+  rows = compare(program, *args, policies=["save_only_these_names('pre_activation')"],
+                 include_no_remat=False).rows
+  assert [r.label for r in rows] == ['as written', "save_only_these_names('pre_activation')"]
 
 
 @pytest.fixture(scope='module')
@@ -312,7 +316,7 @@ def test_search_beats_every_builtin_that_fits_by_choosing_one_equation():
   next to the gap. Both are checked before the search is asked."""
   from remat_explorer.analysis.context import compiles_run
   from remat_explorer.analysis.search import SaveChosen
-  program, args = _wide_then_narrow(int(np.random.default_rng().integers(1 << 16)))
+  program, args = _wide_then_narrow(int(np.random.default_rng(1004).integers(1 << 16)))
   nothing = compile_costs(program, *args, policy=cp.nothing_saveable, lowering='cond')
   dots = compile_costs(program, *args, policy=cp.dots_with_no_batch_dims_saveable,
                        lowering='cond')
@@ -351,7 +355,7 @@ def test_equation_signatures_are_what_a_policy_sees():
   """SaveChosen answers from (primitive, input types, parameters) alone, as
   JAX calls a policy; equations alike in those are saved together."""
   from remat_explorer.analysis.search import EquationSignature, SaveChosen
-  program, args = _wide_then_narrow(int(np.random.default_rng().integers(1 << 16)))
+  program, args = _wide_then_narrow(int(np.random.default_rng(1005).integers(1 << 16)))
   jaxpr = jax.make_jaxpr(lambda wa, wb, x: jnp.tanh((x @ wa) @ wb))(
       args[0][0][0], args[0][1][0], args[1])
   narrow_dot, wide_dot = [e for e in jaxpr.eqns if e.primitive.name == 'dot_general']

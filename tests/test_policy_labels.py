@@ -51,3 +51,35 @@ def test_jax_factories_are_labelled_like_ours():
   assert describe_policy(cp.save_only_these_names('q', 'k')) == "save_only_these_names('k', 'q')"
   assert describe_policy(rx.checkpoint_policies.offload_dot_with_no_batch_dims(
       'device', 'pinned_host')) == "offload_dot_with_no_batch_dims('device', 'pinned_host')"
+
+
+@pytest.mark.parametrize('name,policy', _built(jax.checkpoint_policies),
+                         ids=lambda v: v if isinstance(v, str) else '')
+def test_labels_of_builtins_read_back_as_the_same_policy(name, policy):
+  from remat_explorer.analysis.policy_text import parse_policy
+  label = describe_policy(policy)
+  assert describe_policy(parse_policy(label)) == label
+  assert describe_policy(parse_policy('jax.checkpoint_policies.' + label)) == label
+
+
+def test_policy_expressions_are_read_safely_and_errors_say_what_is_accepted():
+  from remat_explorer.analysis.policy_text import parse_policy
+  both = parse_policy("save_from_both_policies(dots_saveable, save_only_these_names('x', 'y'))")
+  assert describe_policy(both) == (
+      "save_from_both_policies(dots_saveable, save_only_these_names('x', 'y'))")
+  with pytest.raises(ValueError, match="'os.system' is not in jax.checkpoint_policies"):
+    parse_policy("os.system('echo')")
+  with pytest.raises(ValueError, match='is not a policy'):
+    parse_policy('save_only_these_names(open("f").read())')
+  with pytest.raises(ValueError, match='not a Python expression'):
+    parse_policy('save_only_these_names(')
+
+
+def test_a_users_lambda_is_labelled_by_its_line():
+  label = describe_policy(lambda prim, *_, **__: prim.name == 'dot_general')
+  assert label.startswith('lambda at tests/test_policy_labels.py:')
+  assert "prim.name == 'dot_general'" in label
+
+  def my_policy(prim, *_, **__):
+    return False
+  assert describe_policy(my_policy) == 'my_policy'

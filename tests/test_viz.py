@@ -211,12 +211,15 @@ def test_command_line_report(tmp_path):
   out = tmp_path / 'report.html'
   run = subprocess.run(
       [sys.executable, '-m', 'remat_explorer', 'report', '--fn',
-       'tests.test_viz:small_transformer', '--policy', 'nothing_saveable', '--out', str(out)],
+       'tests.test_viz:small_transformer', '--policy',
+       "jax.checkpoint_policies.save_only_these_names('query', 'mlp_hidden')",
+       '--out', str(out)],
       cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert run.returncode == 0, run.stderr
-  assert re.search(r'\[1/\d+\] compiling under no remat', run.stdout)
+  assert re.search(r'\[1/\d+\] compiled under ', run.stdout)
+  assert 'compiled under as written' in run.stdout
   assert 'wrote' in run.stdout
-  assert '<h2>Split under nothing_saveable</h2>' in out.read_text()
+  assert "Split under save_only_these_names(&#x27;mlp_hidden&#x27;, &#x27;query&#x27;)" in out.read_text()
 
 
 def test_command_line_rejects_an_unknown_policy_before_compiling(tmp_path):
@@ -226,7 +229,8 @@ def test_command_line_rejects_an_unknown_policy_before_compiling(tmp_path):
        '--out', str(tmp_path / 'r.html')],
       cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert run.returncode == 2
-  assert "'dots_savable' is not one of" in run.stderr and 'compiling' not in run.stdout
+  assert "'dots_savable' is not in jax.checkpoint_policies" in run.stderr
+  assert 'compiled' not in run.stdout
 
 
 # -- the Explorer ---------------------------------------------------------------------

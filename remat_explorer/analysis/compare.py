@@ -13,8 +13,8 @@ global and per device, and the jaxpr's FLOPs are the whole program's.
 from __future__ import annotations
 
 import concurrent.futures
-
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -22,6 +22,7 @@ from remat_explorer.analysis.analyze import analyze
 from remat_explorer.analysis.compiled import CompiledCosts, compile_costs
 from remat_explorer.analysis.context import TraceSettings
 from remat_explorer.analysis.policy_info import NO_REMAT, describe_policy
+from remat_explorer.analysis.policy_text import parse_policy
 from remat_explorer.analysis.report import RematReport, _plain
 from remat_explorer.engine.policies import checkpoint_policies
 
@@ -111,44 +112,73 @@ class Comparison:
     return out
 
 
+AS_WRITTEN = 'as written'
+"""The label of the program's own policies, unchanged."""
+AS_WRITTEN_NO_REMAT = 'as written (no remat)'
+"""The label of a program without a remat block, as it is."""
+
+
 def compare(f, *args, policies: Mapping[str, Any] | Sequence | None = None,
-            lowering: str | None = None, argnums=0, repeats: int = 0,
-            include_no_remat: bool = True, progress: Progress | None = None,
-            **kwargs) -> Comparison:
+            lowering: str | None = None, argnums=0, has_aux: bool = False,
+            repeats: int = 0, include_no_remat: bool = True,
+            include_as_written: bool = True, progress: Progress | None = None,
+            parallel: int | None = None, **kwargs) -> Comparison:
   """Analyze and compile `f`'s training step (``compile_costs``) under each
   policy.
 
-  `policies`: a mapping label -> policy, a sequence of policies or of names
-  of ``checkpoint_policies`` entries (``'dots_saveable'``), or ``None`` for
-  every built-in policy that applies (named-value ones with the program's
-  own names). `progress(i, n, label)` is called before each policy.
+  The first row is the program as written (each block's own policy; for a
+  program without a remat block, the figures without remat), then no
+  remat, then `policies`: a mapping label -> policy, a sequence of
+  policies, of names of ``checkpoint_policies`` entries (``'dots_saveable'``)
+  or of policy expressions (``"save_only_these_names('qkv')"``), or
+  ``None`` for every built-in policy that applies (named-value ones with
+  the program's own names). A program without a remat block is
+  checkpointed as a whole for each policy row (the rows' notes say so).
+
+  Compiles run `parallel` at a time (by default one per core the process
+  may use): XLA compiles without holding Python's lock, so on a machine
+  with cores to spare they overlap. `progress(done, total, label)` is
+  called as each policy is done. Run times (`repeats`) are measured once
+  every compile has finished, one policy at a time, so that nothing else
+  shares the machine while they run.
   """
-  first = analyze(f, *args, argnums=argnums, **kwargs)
-  chosen = _resolve_policies(policies, first.names_in_program)
-  if include_no_remat:
-    chosen = {'no remat': NO_REMAT, **chosen}
-  rows = []
-  # The analyses (Python, tracing) run on a second thread while XLA compiles
-  # (C++, without the GIL) on this one. Run times are measured only once the
-  # analyses are done, so that nothing else shares the CPU with them.
-  analyze_here = TraceSettings.current().wrap(analyze)
-  analyses = concurrent.futures.ThreadPoolExecutor(max_workers=1)
-  try:
-    reports = {label: analyses.submit(analyze_here, f, *args, policy=policy,
-                                      lowering=lowering, argnums=argnums, **kwargs)
+  first = analyze(f, *args, argnums=argnums, has_aux=has_aux, lowering=lowering,
+                  **kwargs)
+  chosen: dict[str, Any] = {}
+  if include_as_written:
+    chosen[AS_WRITTEN if first.blocks else AS_WRITTEN_NO_REMAT] = None
+  if include_no_remat and (first.blocks or not include_as_written):
+    chosen['no remat'] = NO_REMAT
+  for label, policy in _resolve_policies(policies, first.names_in_program).items():
+    chosen.setdefault(label, policy)
+  common = dict(lowering=lowering, argnums=argnums, has_aux=has_aux, **kwargs)
+  here = TraceSettings.current()
+
+  def analyze_and_compile(policy):
+    # A policy for a program without a block checkpoints it as a whole.
+    return (analyze(f, *args, policy=policy, **common),
+            compile_costs(f, *args, policy=policy, **common))
+
+  workers = max(1, min(parallel or usable_cores(), len(chosen)))
+  results: dict[str, tuple] = {}
+  with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+    futures = {pool.submit(here.wrap(analyze_and_compile), policy): label
                for label, policy in chosen.items()}
-    if repeats:
-      concurrent.futures.wait(reports.values())
-    for i, (label, policy) in enumerate(chosen.items()):
-      if progress is not None:
-        progress(i, len(chosen), label)
-      costs = compile_costs(f, *args, policy=policy, lowering=lowering,
-                            argnums=argnums, repeats=repeats, **kwargs)
-      rows.append(_row(label, policy, reports[label].result(), costs))
-  finally:  # on an error, the analyses not yet started are not waited for
-    analyses.shutdown(cancel_futures=True)
-  if progress is not None:
-    progress(len(chosen), len(chosen), 'done')
+    try:
+      for future in concurrent.futures.as_completed(futures):
+        results[futures[future]] = future.result()
+        if progress is not None:
+          progress(len(results), len(chosen), futures[future])
+    except BaseException:
+      for future in futures:
+        future.cancel()
+      raise
+  rows = []
+  for label, policy in chosen.items():
+    report, costs = results[label]
+    if repeats:  # the executable is cached: this only times its runs
+      costs = compile_costs(f, *args, policy=policy, repeats=repeats, **common)
+    rows.append(_row(label, policy, report, costs))
   rows = _mark_pareto_front(rows)
   device = rows[0].costs
   return Comparison(function=first.function, device_kind=device.device_kind,
@@ -157,25 +187,42 @@ def compare(f, *args, policies: Mapping[str, Any] | Sequence | None = None,
                     num_devices=device.num_devices, mesh_shape=device.mesh_shape)
 
 
+def usable_cores() -> int:
+  """The cores this process may run on."""
+  try:
+    return len(os.sched_getaffinity(0))
+  except AttributeError:  # not on Linux
+    return os.cpu_count() or 1
+
+
 def _resolve_policies(policies, names_in_program) -> dict[str, Any]:
   if policies is None:
     return builtin_policies(names_in_program)
   if isinstance(policies, Mapping):
     return dict(policies)
+  if isinstance(policies, str) or callable(policies):
+    raise TypeError('policies must be a mapping or a sequence of policies (or of '
+                    f'their names); for one policy pass [{policies!r}].')
   resolved = {}
   for p in policies:
     if isinstance(p, str):
-      if not hasattr(checkpoint_policies, p) or p.startswith(('save_', 'offload_')):
-        raise ValueError(
-            f'{p!r} is not a ready-made policy of checkpoint_policies; name one '
-            f'of {sorted(builtin_policies())} or pass the policy object, e.g. '
-            "checkpoint_policies.save_only_these_names('query').")
-      resolved[p] = getattr(checkpoint_policies, p)
+      policy = _named_policy(p)
+      resolved[describe_policy(policy)] = policy
     elif callable(p):
       resolved[describe_policy(p)] = p
     else:
       raise TypeError(f'policies must hold policies or their names; got {p!r}')
   return resolved
+
+
+def _named_policy(text: str):
+  try:
+    return parse_policy(text)
+  except ValueError as e:
+    raise ValueError(
+        f'{text!r} is not a policy of checkpoint_policies: name one of '
+        f'{sorted(builtin_policies())} or write one, e.g. '
+        f"\"save_only_these_names('query')\" ({e})") from None
 
 
 def _row(label, policy, report, costs) -> PolicyRow:

@@ -154,7 +154,9 @@ class CompiledCosts:
     return out
 
 
-_cache = ResultCache(max_entries=64)
+_cache = ResultCache(max_entries=32)
+"""(costs, executable) by problem and setting: the executable is kept to time
+its runs when asked, without compiling again."""
 
 
 def compile_costs(f, *args, policy: PolicyChoice = None, lowering: str | None = None,
@@ -185,21 +187,35 @@ def compile_costs(f, *args, policy: PolicyChoice = None, lowering: str | None = 
                            allow_empty=True)
   if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 0:
     raise ValueError(f'repeats must be an int >= 0 (runs to time), got {repeats!r}.')
-  key = problem.cache_key(policy, lowering, donate, repeats,
+  key = problem.cache_key(policy, lowering, donate,
                           tuple(sorted((compiler_options or {}).items())))
-  costs = _cache.get(key)
-  if costs is None:
+  entry = _cache.get(key)
+  if entry is None:
     program, blocks, notes = problem.program_with_blocks(policy, lowering)
     run_program = problem.program_function(program, blocks)
-    costs = measure(
+    entry = compile_step(
         gradient_function(run_program, problem), problem.leaves,
         function=problem.name, policy=policy_label(policy, blocks),
         lowering=lowering or ', '.join(sorted({b.lowering for b in blocks})),
-        donate_argnums=problem.traced_positions(donate), repeats=repeats,
+        donate_argnums=problem.traced_positions(donate),
         compiler_options=compiler_options,
         placement=find_placement(problem.leaves, program), notes=notes)
-    _cache.put(key, costs)
-  return costs
+    _cache.put(key, entry)
+  costs, compiled = entry
+  if not repeats or costs.failed:
+    return costs
+  # Timed once per number of runs, with the executable compiled above: the
+  # compile (which `compare` may run beside others) is not repeated.
+  timed_key = None if key is None else (key, repeats)
+  timed = _timed.get(timed_key)
+  if timed is None:
+    timed = with_run_times(costs, compiled, problem.leaves, repeats,
+                           problem.traced_positions(donate))
+    _timed.put(timed_key, timed)
+  return timed
+
+
+_timed = ResultCache(max_entries=64)
 
 
 def gradient_function(run_program, problem):
@@ -249,6 +265,20 @@ def _differentiable(x) -> bool:
 def measure(step, leaves, *, function, policy, lowering, donate_argnums=(),
             repeats=0, compiler_options=None, placement=None,
             notes=()) -> CompiledCosts:
+  """Compile `step` at `leaves` and read XLA's figures; with `repeats`,
+  also time its runs."""
+  costs, compiled = compile_step(
+      step, leaves, function=function, policy=policy, lowering=lowering,
+      donate_argnums=donate_argnums, compiler_options=compiler_options,
+      placement=placement, notes=notes)
+  if repeats and not costs.failed:
+    costs = with_run_times(costs, compiled, leaves, repeats, donate_argnums)
+  return costs
+
+
+def compile_step(step, leaves, *, function, policy, lowering, donate_argnums=(),
+                 compiler_options=None, placement=None, notes=()):
+  """(CompiledCosts, the executable or None if XLA refused it)."""
   device = jax.devices()[0]
   common = dict(function=function, policy=policy, lowering=lowering,
                 platform=device.platform, device_kind=device.device_kind)
@@ -263,7 +293,7 @@ def measure(step, leaves, *, function, policy, lowering, donate_argnums=(),
     if not _is_xla_error(e):
       raise
     return CompiledCosts(**common, failed=True, error=f'{type(e).__name__}: {e}',
-                         lower_seconds=lower_seconds)
+                         lower_seconds=lower_seconds, notes=tuple(notes)), None
   compile_seconds = time.perf_counter() - start
   memory = compiled.memory_analysis()
   memory_numbers, buffer_assignment = _memory_analysis_fields(memory)
@@ -279,8 +309,7 @@ def measure(step, leaves, *, function, policy, lowering, donate_argnums=(),
     notes.append(f'memory timeline unavailable: {type(e).__name__}: {e}')
   # A program on one device communicates with no other.
   collectives = _collectives(module, notes) if devices.num_devices > 1 else ()
-  run_seconds, measured_peak = _run(compiled, leaves, repeats, donate_argnums, notes)
-  return CompiledCosts(
+  costs = CompiledCosts(
       **common,
       argument_bytes=memory.argument_size_in_bytes,
       output_bytes=memory.output_size_in_bytes,
@@ -298,11 +327,21 @@ def measure(step, leaves, *, function, policy, lowering, donate_argnums=(),
       xla_flops=cost.get('flops'), bytes_accessed=cost.get('bytes accessed'),
       transcendentals=cost.get('transcendentals'), cost_analysis=cost,
       lower_seconds=lower_seconds, compile_seconds=compile_seconds,
-      run_seconds=run_seconds, measured_peak_bytes=measured_peak,
       lowered_matmuls=count_matmuls_lowered(lowered.as_text()),
       compiled_matmuls=count_matmuls_compiled(hlo),
       timeline=timeline, notes=tuple(notes), num_devices=devices.num_devices,
       mesh_shape=devices.mesh_shape, collectives=collectives)
+  return costs, compiled
+
+
+def with_run_times(costs: CompiledCosts, compiled, leaves, repeats: int,
+                   donate_argnums=()) -> CompiledCosts:
+  """`costs` with the median time of `repeats` runs of `compiled` (after
+  a warm-up) and the device's measured peak where it reports one."""
+  notes = list(costs.notes)
+  run_seconds, measured_peak = _run(compiled, leaves, repeats, donate_argnums, notes)
+  return dataclasses.replace(costs, run_seconds=run_seconds,
+                             measured_peak_bytes=measured_peak, notes=tuple(notes))
 
 
 def _memory_analysis_fields(memory) -> tuple[dict[str, int], bytes | None]:

@@ -10,9 +10,11 @@ the results, so the report says so.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import re
 from collections.abc import Iterable
 
+from remat_explorer.analysis.origins import relative_path
 from remat_explorer.engine import policies as ours
 
 
@@ -26,7 +28,10 @@ NO_REMAT = _NoRemat()
 
 
 def describe_policy(policy) -> str:
-  """A short, readable name for a policy, ours or JAX's."""
+  """A short name for a policy, ours or JAX's: for a built-in one, the
+  expression that builds it (``save_only_these_names('k', 'q')``, which
+  ``parse_policy`` reads back); for a function of the user's, its name, and
+  for a lambda the line that wrote it."""
   if policy is None:
     return 'nothing_saveable (default)'
   if policy is NO_REMAT:
@@ -36,25 +41,98 @@ def describe_policy(policy) -> str:
             else 'dots_saveable')
   for cls, factory in _NAMED_POLICY_FACTORIES.items():
     if isinstance(policy, cls):
-      return f"{factory}({', '.join(map(repr, sorted(policy.names)))})"
+      return _call(factory, sorted(policy.names))
   if isinstance(policy, ours.SaveAndOffloadOnlyTheseNames):
-    return (f'save_and_offload_only_these_names(saved={sorted(policy.saved)}, '
-            f'offloaded={sorted(policy.offloaded)})')
+    return _save_and_offload(policy.saved, policy.offloaded, policy.offload_src,
+                             policy.offload_dst)
   if isinstance(policy, ours.OffloadDotWithNoBatchDims):
-    return (f'offload_dot_with_no_batch_dims({policy.offload_src!r}, '
-            f'{policy.offload_dst!r})')
+    return _call('offload_dot_with_no_batch_dims', [policy.offload_src, policy.offload_dst])
   if isinstance(policy, ours.SaveFromBothPolicies):
-    return (f'save_from_both_policies({describe_policy(policy.first)}, '
-            f'{describe_policy(policy.second)})')
+    return _both(policy.first, policy.second)
   if hasattr(policy, 'checkpoint_names'):  # describes itself (SaveChosen)
     return repr(policy)
   if dataclasses.is_dataclass(policy) and not isinstance(policy, type):
     return _describe_jax_dataclass(policy)
-  qualname = getattr(policy, '__qualname__', None)
-  if qualname and '.<locals>' in qualname:  # JAX's policies built by a factory
-    names = sorted(policy_names(policy)[0])
-    return f"{qualname.split('.<locals>')[0]}({', '.join(map(repr, names))})"
+  qualname = getattr(policy, '__qualname__', None) or ''
+  if '.<locals>' in qualname and _is_jax_function(policy):
+    return _describe_jax_closure(policy, qualname.split('.<locals>')[0])
+  if qualname.endswith('<lambda>'):
+    return _lambda_text(policy)
   return getattr(policy, '__name__', None) or repr(policy)
+
+
+def _call(factory: str, args) -> str:
+  return f"{factory}({', '.join(map(repr, args))})"
+
+
+def _both(first, second) -> str:
+  return f'save_from_both_policies({describe_policy(first)}, {describe_policy(second)})'
+
+
+def _save_and_offload(saved, offloaded, src, dst) -> str:
+  return ('save_and_offload_only_these_names('
+          f'names_which_can_be_saved={sorted(saved)!r}, '
+          f'names_which_can_be_offloaded={sorted(offloaded)!r}, '
+          f'offload_src={src!r}, offload_dst={dst!r})')
+
+
+def _is_jax_function(fn) -> bool:
+  return (getattr(fn, '__module__', '') or '').startswith('jax.')
+
+
+def _closure(fn) -> dict:
+  names = getattr(getattr(fn, '__code__', None), 'co_freevars', ())
+  cells = getattr(fn, '__closure__', None) or ()
+  out = {}
+  for name, cell in zip(names, cells):
+    try:
+      out[name] = cell.cell_contents
+    except ValueError:  # an empty cell
+      pass
+  return out
+
+
+def _describe_jax_closure(policy, factory: str) -> str:
+  """JAX's policy factories that return closures, by the factory and the
+  arguments the closure holds."""
+  held = _closure(policy)
+  if factory == 'save_from_both_policies' and {'policy_1', 'policy_2'} <= set(held):
+    return _both(held['policy_1'], held['policy_2'])
+  if factory == 'offload_dot_with_no_batch_dims' and 'offload_src' in held:
+    return _call(factory, [held['offload_src'], held['offload_dst']])
+  if factory == 'save_and_offload_only_these_names' and 'offload_src' in held:
+    return _save_and_offload(held['names_which_can_be_saved'],
+                             held['names_which_can_be_offloaded'],
+                             held['offload_src'], held['offload_dst'])
+  # The closure may not keep what it was built with (JAX 0.10.2's
+  # save_anything_except_these_names keeps no names): the factory alone.
+  return _call(factory, sorted(policy_names(policy)[0]))
+
+
+def _lambda_text(policy) -> str:
+  """``lambda at model.py:12: <the line>``: a lambda has no name; its line
+  says what it is."""
+  code = getattr(policy, '__code__', None)
+  if code is None:
+    return '<lambda>'
+  where = f'{relative_path(code.co_filename)}:{code.co_firstlineno}'
+  try:
+    line = inspect.getsourcelines(policy)[0][0].strip()
+  except (OSError, TypeError):
+    return f'lambda at {where}'
+  text = _balanced_prefix(line[line.find('lambda'):]).rstrip(' ,')
+  text = text if len(text) <= 60 else text[:59] + '…'
+  return f'lambda at {where}: {text}'
+
+
+def _balanced_prefix(text: str) -> str:
+  """`text` up to where a bracket it did not open closes."""
+  depth = 0
+  for i, c in enumerate(text):
+    depth += {'(': 1, '[': 1, '{': 1, ')': -1, ']': -1, '}': -1}.get(c, 0)
+    if depth < 0:
+      return text[:i]
+  return text
 
 
 def _describe_jax_dataclass(policy) -> str:
@@ -65,8 +143,7 @@ def _describe_jax_dataclass(policy) -> str:
     return ('dots_with_no_batch_dims_saveable'
             if getattr(policy, 'only_if_no_batch_dims', False) else 'dots_saveable')
   factory = re.sub(r'(?<!^)(?=[A-Z])', '_', cls).lower()
-  names = sorted(policy_names(policy)[0])
-  return f"{factory}({', '.join(map(repr, names))})"
+  return _call(factory, sorted(policy_names(policy)[0]))
 
 
 _NAMED_POLICY_FACTORIES = {
