@@ -279,22 +279,23 @@ def test_search_never_loses_to_a_builtin_that_fits(small_mlp, budget):
   jax.tree_util.tree_map(close, grads, jax.grad(jax.checkpoint(loss_fn, policy=result.policy))(*args))
 
 
-def _wide_then_narrow(seed):
+def _wide_then_narrow(seed, batch=32):
   """Unrolled layers (no scan) with two matmuls each: ``x @ wa`` contracts
   the wide dimension into a narrow output (costly to recompute, cheap to
-  keep), ``a @ wb`` expands it again (as many FLOPs, a wide output, costly
-  to keep). No name tells them apart: only their equation signatures."""
+  keep), ``a @ wb.T`` expands it again (as many FLOPs, a wide output, costly
+  to keep). No name tells them apart; a policy that may not look at sizes
+  tells them by how they contract (``wb`` is stored wide-by-narrow)."""
   rng = np.random.default_rng(seed)
-  layers, batch = 3, 32
+  layers = 3
   wide, narrow = int(rng.integers(512, 1024)), int(rng.integers(4, 12))
   wa = [jnp.asarray(rng.standard_normal((wide, narrow)) / wide ** 0.5, jnp.float32)
         for _ in range(layers)]
-  wb = [jnp.asarray(rng.standard_normal((narrow, wide)) / narrow ** 0.5, jnp.float32)
+  wb = [jnp.asarray(rng.standard_normal((wide, narrow)) / narrow ** 0.5, jnp.float32)
         for _ in range(layers)]
   x = jnp.asarray(rng.standard_normal((batch, wide)), jnp.float32)
 
   def layer(wa, wb, x):
-    return jnp.tanh((x @ wa) @ wb) + x
+    return jnp.tanh(jnp.einsum('bn,wn->bw', x @ wa, wb)) + x
 
   def model(ws, x, ck=rx.checkpoint):
     for wa, wb in zip(*ws):
@@ -303,7 +304,7 @@ def _wide_then_narrow(seed):
   return model, ((wa, wb), x)
 
 
-def test_search_beats_every_builtin_that_fits_by_choosing_one_equation():
+def test_search_beats_every_builtin_that_fits_by_choosing_one_pattern():
   """The budget lies strictly between nothing_saveable's compiled peak and
   that of the next built-in point (the dot policies save the wide outputs
   too), and saving only the narrow matmul fits it with fewer FLOPs than
@@ -330,18 +331,21 @@ def test_search_beats_every_builtin_that_fits_by_choosing_one_equation():
   # Compiled before the search: nothing_saveable and the no-batch-dims dots.
   assert result.compiles_used == len(result.candidates) - 2
 
-  assert result.label.startswith('search:') and result.fits
-  assert isinstance(result.policy, SaveChosen) and result.policy.equations
+  assert result.label.startswith('search:') and result.fits and len(result.label) <= 80
+  assert isinstance(result.policy, SaveChosen) and result.policy.patterns
   assert result.costs.peak_bytes == result.peak_bytes <= budget  # compiled, not predicted
   fitting = [c for c in result.candidates if c.fits and not c.label.startswith('search')]
   assert [c.label for c in fitting] == ['nothing_saveable']
   assert all(result.flops < c.flops for c in fitting)
   assert all(not c.fits for c in result.candidates
              if c.label in ('dots_saveable', 'everything_saveable'))
-  # The matmul chosen is the narrow one: costly to recompute, cheap to keep.
-  (chosen,) = result.policy.equations
-  wide = args[1].shape[1]
-  assert chosen.primitive == 'dot_general' and chosen.inputs[0] == f'f32[32,{wide}]'
+  # The matmul chosen is the narrow one (contracting x's dim 1 with wa's
+  # dim 0), found at its line of this file.
+  (chosen,) = result.policy.patterns
+  assert chosen.primitive == 'dot_general'
+  assert dict(chosen.params)['dimension_numbers'] == '(((1,), (0,)), ((), ()))'
+  assert any('tests/test_costs.py' in site for site in result.policy.sites)
+  assert 'Saves' in result.explanation and 'budget' in result.explanation
   # A plain policy: jax.checkpoint takes it and saves the same.
   theirs = lambda ws, x: program(ws, x, ck=functools.partial(jax.checkpoint, policy=result.policy))
   saved = [a.shape for a, _ in rx.saved_residuals(theirs, *args)]
@@ -351,23 +355,51 @@ def test_search_beats_every_builtin_that_fits_by_choosing_one_equation():
   assert again.compiles_used == 0 and again.label == result.label
 
 
-def test_equation_signatures_are_what_a_policy_sees():
-  """SaveChosen answers from (primitive, input types, parameters) alone, as
-  JAX calls a policy; equations alike in those are saved together."""
-  from remat_explorer.analysis.search import EquationSignature, SaveChosen
+def test_the_policy_found_holds_at_twice_the_batch_and_as_source():
+  from remat_explorer.analysis import analyze
+  seed = int(np.random.default_rng(1006).integers(1 << 16))
+  program, args = _wide_then_narrow(seed)
+  result = search_policy(program, *args, memory_budget=0.3, lowering='cond')
+  big, big_args = _wide_then_narrow(seed, batch=64)
+  narrow = args[0][0][0].shape[1]
+
+  def saved(policy, args, f):
+    return sorted((r.shape, r.primitive) for r in
+                  analyze(f, *args, policy=policy, argnums=(0, 1)).residuals
+                  if r.kind == 'equation')
+  at_32, at_64 = saved(result.policy, args, program), saved(result.policy, big_args, big)
+  # The same values are saved, each twice as large along the batch.
+  assert [(s[0] * 2, *s[1:], p) for s, p in at_32] == [(s[0], *s[1:], p) for s, p in at_64]
+  assert at_64 != saved(cp.nothing_saveable, big_args, big)
+  assert ((64, narrow), 'dot_general') in at_64 or result.policy.names
+  # to_source() is Python that needs only JAX and builds the same policy.
+  namespace = {}
+  exec(result.to_source(), namespace)
+  assert saved(namespace['policy'], args, program) == at_32
+  assert saved(namespace['policy'], big_args, big) == at_64
+
+
+def test_equation_patterns_are_what_a_policy_sees_without_sizes():
+  """SaveChosen answers from (primitive, input dtypes and ranks,
+  parameters) alone, as JAX asks a policy; equations alike in those are
+  saved together, at any size."""
+  from remat_explorer.analysis.chosen_policy import EquationPattern, SaveChosen
   program, args = _wide_then_narrow(int(np.random.default_rng(1005).integers(1 << 16)))
-  jaxpr = jax.make_jaxpr(lambda wa, wb, x: jnp.tanh((x @ wa) @ wb))(
-      args[0][0][0], args[0][1][0], args[1])
+  wa, wb, x = args[0][0][0], args[0][1][0], args[1]
+  jaxpr = jax.make_jaxpr(lambda x: jnp.einsum('bn,wn->bw', x @ wa, wb))(x)
   narrow_dot, wide_dot = [e for e in jaxpr.eqns if e.primitive.name == 'dot_general']
-  signature = EquationSignature.of_equation(narrow_dot)
-  assert signature != EquationSignature.of_equation(wide_dot)
-  policy = SaveChosen(equations=frozenset({signature}))
+  pattern = EquationPattern.of_equation(narrow_dot)
+  assert pattern != EquationPattern.of_equation(wide_dot)
+  policy = SaveChosen(patterns=frozenset({pattern}))
   ask = lambda e: policy(e.primitive, *[v.aval for v in e.invars], **e.params)
   assert ask(narrow_dot) and not ask(wide_dot)
-  # Traced again, the same signature.
-  again = jax.make_jaxpr(lambda wa, x: x @ wa)(args[0][0][1], args[1]).eqns[0]
-  assert EquationSignature.of_equation(again) == signature and ask(again)
-  assert str(signature).startswith('dot_general(f32[32,')
+  # At another batch size and width, the same pattern.
+  other = jax.make_jaxpr(lambda x, w: x @ w)(jnp.ones((7, 5)), jnp.ones((5, 3))).eqns[0]
+  assert EquationPattern.of_equation(other) == pattern and ask(other)
+  assert str(pattern) == 'dot_general(float32[·], float32[·])'.replace('[·]', '[·,·]')
+  # Primitives whose parameters carry sizes have no pattern.
+  reshape = jax.make_jaxpr(lambda x: x.reshape(-1))(x).eqns[0]
+  assert EquationPattern.of_equation(reshape) is None
 
 
 def test_search_budget_errors():
@@ -376,6 +408,9 @@ def test_search_budget_errors():
     search_policy(program, *args, memory_budget=1.5)
   with pytest.raises(TypeError, match='memory_budget'):
     search_policy(program, *args, memory_budget='1GB')
+  # An int is bytes: 1 byte cannot hold even the step's arguments.
+  with pytest.raises(ValueError, match=r'memory_budget=1 is bytes.*pass a float'):
+    search_policy(program, *args, memory_budget=1)
 
 
 def test_residual_buffers_at_the_peak_link_back_to_their_residuals():

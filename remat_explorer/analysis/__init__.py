@@ -15,9 +15,18 @@ All four take sharded programs (arguments on a mesh, ``in_shardings``,
 shard, XLA's memory and FLOPs of the partitioned executable, and the
 collectives the recompute re-runs.
 
-Modules: ``problem`` (checking input), ``program`` (finding blocks),
-``analyze``/``report``, ``flops``, ``compiled``/``timeline``, ``compare``,
-``search``, ``peak``, ``policy_info``, ``sharding``/``collectives``.
+Modules, in the order a function flows through them:
+
+* ``problem`` (the function and its arguments, checked), ``program`` (its
+  remat blocks found, policies set), ``origins`` (lines, module paths and
+  names in the user's terms);
+* ``analyze`` and ``report`` (the split, residuals, recompute), ``flops``;
+* ``compiled`` (XLA's figures), ``hlo`` (the compiled module and XLA's buffer
+  placement, read once), ``liveness`` and ``timeline`` (memory along the
+  schedule), ``peak`` (residuals at the peak), ``collectives``, ``sharding``;
+* ``compare``, ``search`` and ``chosen_policy`` (the policy it returns);
+* ``policy_info`` and ``policy_text`` (policies in words, and back),
+  ``units``, ``cache``, ``context``.
 """
 
 from remat_explorer.analysis.analyze import analyze
@@ -31,8 +40,9 @@ from remat_explorer.analysis.policy_info import NO_REMAT, describe_policy
 from remat_explorer.analysis.report import (BlockReport, EquationCost,
                                             RecomputedEquation, RematReport,
                                             Residual)
-from remat_explorer.analysis.search import (EquationSignature, SaveChosen,
-                                            SearchResult, search_policy)
+from remat_explorer.analysis.chosen_policy import EquationPattern, SaveChosen
+from remat_explorer.analysis.policy_text import parse_policy
+from remat_explorer.analysis.search import SearchResult, search_policy
 from remat_explorer.analysis.timeline import Buffer, MemoryTimeline
 
 __all__ = [
@@ -40,6 +50,6 @@ __all__ = [
     'EquationCost', 'compile_costs', 'CompiledCosts', 'MemoryTimeline', 'Buffer',
     'compare', 'Comparison', 'PolicyRow', 'builtin_policies', 'NO_REMAT',
     'describe_policy', 'search_policy', 'SearchResult', 'SaveChosen',
-    'EquationSignature',
+    'EquationPattern', 'parse_policy',
     'residuals_at_peak', 'PeakResidual', 'Collective', 'clear_caches',
 ]

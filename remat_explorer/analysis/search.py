@@ -1,15 +1,16 @@
 """``search_policy``: the policy that fits a memory budget with fewest FLOPs.
 
-JAX has no automatic policy. This search chooses which values to save, by
-``checkpoint_name``, by primitive kind (matmuls, convolutions) and by
-equation signature (``EquationSignature``: one recomputed computation, such
-as one particular matmul), as a greedy knapsack: each choice is priced by
-the analysis (the residual bytes it adds, the recompute FLOPs it removes),
-which compiles nothing for a program on one device (for a sharded one it
-compiles the forward pass to learn the residuals' shardings, and counts it),
-and the result is verified by compiling it. The built-in
-policies are compiled too and are candidates, so the answer never uses more
-FLOPs than a built-in policy that fits the same budget.
+JAX has no automatic policy. This search chooses what to save among handles
+that hold at any batch or sequence length (``chosen_policy.py``): the
+program's ``checkpoint_name``s, roles of equations (dots with and without
+batch dims, convolutions) and equation patterns (primitive, input ranks
+and dtypes, parameters), as a greedy knapsack: each handle is priced by the
+analysis (the residual bytes it adds, the recompute FLOPs it removes), which
+compiles nothing for a program on one device (for a sharded one it compiles
+the forward pass to learn the residuals' shardings, and counts it), and
+the result is verified by compiling it. The built-in policies are compiled
+too and are candidates, so the answer never uses more FLOPs than a built-in
+policy that fits the same budget.
 """
 
 from __future__ import annotations
@@ -20,98 +21,20 @@ from typing import Any, Callable
 import numpy as np
 
 from remat_explorer.analysis.analyze import analyze
+from remat_explorer.analysis.chosen_policy import ROLES, EquationPattern, SaveChosen
 from remat_explorer.analysis.compare import builtin_policies
 from remat_explorer.analysis.compiled import CompiledCosts, compile_costs
 from remat_explorer.analysis.context import compiles_run
-from remat_explorer.analysis.report import RematReport, _plain, aval_text
+from remat_explorer.analysis.report import RematReport, _plain
+from remat_explorer.analysis.units import format_bytes, format_flops
 
-# Primitive kinds whose outputs the search may choose to save: the costly
-# ones to recompute. (XLA counts transcendentals as 0 FLOPs.)
-_SAVEABLE_KINDS = ('dot_general', 'conv_general_dilated')
+# At most this many equation patterns are priced, the ones whose recompute
+# costs most first: each costs one analysis.
+MAX_PATTERN_UNITS = 16
 
-# At most this many equation signatures are priced, the ones whose
-# recompute costs most first: each costs one analysis.
-MAX_EQUATION_UNITS = 16
-
-
-@dataclass(frozen=True, order=True)
-class EquationSignature:
-  """What a remat policy can know of one equation: its primitive, the types
-  of its inputs and its parameters.
-
-  JAX asks a policy about each first-order equation of a block as
-  ``policy(primitive, *input_avals, **params)`` (``partial_eval_jaxpr_custom``,
-  for ``jax.checkpoint`` and ours alike). The equation itself is not passed:
-  not its output variables, not its source line, not its position. Nor does
-  the order of the calls tell it: a split is cached and shared by every call
-  of the same block body, so one call of the policy can stand for many
-  equations. An equation can therefore not be singled out from inside a
-  policy; the finest sound unit is its signature, and equations with the
-  same signature (the same matmul in every layer of a stack of equal widths,
-  say) are saved or recomputed together. The signature is built from values
-  only (type strings, parameter reprs), so it is the same on every trace.
-  """
-  primitive: str
-  inputs: tuple[str, ...]
-  params: str
-
-  @classmethod
-  def of(cls, prim, avals, params) -> 'EquationSignature':
-    return cls(prim.name, tuple(aval_text(a) for a in avals), _params_text(params))
-
-  @classmethod
-  def of_equation(cls, eqn) -> 'EquationSignature':
-    return cls.of(eqn.primitive, [v.aval for v in eqn.invars], eqn.params)
-
-  def __str__(self):
-    return f"{self.primitive}({', '.join(self.inputs)})"
-
-
-def _params_text(params) -> str:
-  return ', '.join(f'{k}={_param_text(params[k])}' for k in sorted(params))
-
-
-def _param_text(value) -> str:
-  if isinstance(value, (tuple, list)):
-    return '(' + ', '.join(map(_param_text, value)) + ')'
-  if value is None or isinstance(value, (bool, int, float, str)):
-    return repr(value)
-  if callable(value) or hasattr(value, 'eqns') or hasattr(value, 'jaxpr'):
-    return type(value).__name__  # sub-programs and functions: by kind only
-  return repr(value)
-
-
-@dataclass(frozen=True)
-class SaveChosen:
-  """Save the values named with these names, the outputs of these
-  primitives and of equations with these signatures; recompute everything
-  else. A plain policy: works with our ``checkpoint`` and with
-  ``jax.checkpoint`` alike. See ``EquationSignature`` for why equations are
-  chosen by signature."""
-  names: frozenset[str] = frozenset()
-  primitives: frozenset[str] = frozenset()
-  equations: frozenset[EquationSignature] = frozenset()
-
-  @property
-  def checkpoint_names(self) -> frozenset[str]:
-    """The names it refers to (its other strings are primitive names), for
-    ``describe_policy`` and the unmatched-name warnings."""
-    return self.names
-
-  def __call__(self, prim, *avals, **params) -> bool:
-    if prim.name == 'name':
-      return params['name'] in self.names
-    if prim.name in self.primitives:
-      return True
-    return bool(self.equations) and (
-        EquationSignature.of(prim, avals, params) in self.equations)
-
-  def __repr__(self):
-    parts = [f"names={sorted(self.names)}"] if self.names else []
-    parts += [f"primitives={sorted(self.primitives)}"] if self.primitives else []
-    parts += ([f"equations=[{', '.join(map(str, sorted(self.equations)))}]"]
-              if self.equations else [])
-    return f"SaveChosen({', '.join(parts)})"
+Progress = Callable[[int, 'int | None', str], None]
+"""``progress(done, total, label)``; `total` is None while it is not known
+(pricing, verifying)."""
 
 
 @dataclass(frozen=True)
@@ -120,13 +43,13 @@ class Candidate:
   peak_bytes: int | None
   flops: int
   fits: bool
-  compiled: bool
 
 
 @dataclass(frozen=True)
 class SearchResult:
   policy: Callable[..., Any] = field(repr=False)
   label: str
+  """At most 80 characters."""
   budget_bytes: int
   peak_bytes: int
   """Compiled peak of the chosen policy (verified, not predicted); per
@@ -135,6 +58,8 @@ class SearchResult:
   """Forward + backward FLOPs from the jaxpr of the chosen policy."""
   fits: bool
   """False only if nothing fits, not even ``nothing_saveable``."""
+  explanation: str
+  """What was chosen and why, in a sentence or two."""
   compiles_used: int
   """XLA compiles this search ran, pricing included (which compiles the
   forward pass of a sharded program to learn its shardings); a result cached
@@ -144,49 +69,75 @@ class SearchResult:
   costs: CompiledCosts = field(repr=False)
   report: RematReport = field(repr=False)
 
+  def to_source(self) -> str:
+    """Python that builds the chosen policy with JAX alone, as ``policy``
+    (paste it next to ``jax.checkpoint(..., policy=policy)``)."""
+    if isinstance(self.policy, SaveChosen):
+      return 'import jax\n\n' + self.policy.to_source()
+    from remat_explorer.analysis.policy_info import describe_policy
+    return f'import jax\n\npolicy = jax.checkpoint_policies.{describe_policy(self.policy)}\n'
+
   def to_dict(self) -> dict:
     out = _plain(self)
     out['policy'] = repr(self.policy)
+    out['source'] = self.to_source()
     out['costs'] = self.costs.to_dict()
     out['report'] = self.report.to_dict()
     return out
 
 
 def search_policy(f, *args, memory_budget: int | float, argnums=0,
-                  lowering: str | None = None,
-                  progress: Callable[[int, int, str], None] | None = None,
-                  **kwargs) -> SearchResult:
+                  has_aux: bool = False, lowering: str | None = None,
+                  progress: Progress | None = None, **kwargs) -> SearchResult:
   """Find a policy whose compiled peak fits `memory_budget`, fewest FLOPs.
 
-  `memory_budget`: bytes (an int), or a fraction between 0 and 1 of the way
-  from ``nothing_saveable``'s compiled peak to ``everything_saveable``'s.
+  `memory_budget`: bytes (an int), or a fraction between 0.0 and 1.0 of the
+  way from ``nothing_saveable``'s compiled peak to ``everything_saveable``'s.
   For a sharded program the peak, the budget and the residual bytes that
-  price each choice are per device.
+  price each choice are per device. The policy holds at other batch and
+  sequence sizes (it never looks at sizes); ``SearchResult.to_source()``
+  writes it as Python for ``jax.checkpoint``.
   """
-  run = _Runner(f, args, kwargs, argnums, lowering, progress)
+  _check_budget_type(memory_budget)
+  run = _Runner(f, args, kwargs, argnums, has_aux, lowering, progress)
   names = run.report(builtin_policies()['nothing_saveable']).names_in_program
-  builtins = {label: run.evaluate(label, p)
-              for label, p in builtin_policies(names).items()}
+  policies = builtin_policies(names)
+  builtins = {}
+  for i, (label, policy) in enumerate(policies.items()):
+    run.say(i, len(policies), f'compiling {label}')
+    builtins[label] = run.evaluate(label, policy)
   budget = _resolve_budget(memory_budget, builtins)
   evaluated = dict(builtins)
   evaluated.update(_greedy_choice(run, names, budget, builtins))
   return run.best(budget, evaluated)
 
 
-def _resolve_budget(memory_budget, builtins) -> int:
+def _check_budget_type(memory_budget) -> None:
   if isinstance(memory_budget, bool) or not isinstance(memory_budget, (int, float)):
-    raise TypeError(f'memory_budget must be bytes (int) or a fraction (float), '
-                    f'got {memory_budget!r}')
-  if isinstance(memory_budget, int):
-    if memory_budget <= 0:
-      raise ValueError(f'memory_budget={memory_budget} bytes must be positive.')
-    return memory_budget
-  if not 0.0 <= memory_budget <= 1.0:
+    raise TypeError(
+        f'memory_budget must be bytes (an int) or a fraction (a float between '
+        f'0.0 and 1.0), got {type(memory_budget).__name__} {memory_budget!r}.')
+  if isinstance(memory_budget, float) and not 0.0 <= memory_budget <= 1.0:
     raise ValueError(
-        f'memory_budget={memory_budget} as a fraction must lie between 0 (the '
-        'peak of nothing_saveable) and 1 (that of everything_saveable); pass '
+        f'memory_budget={memory_budget} as a fraction must lie between 0.0 (the '
+        'peak of nothing_saveable) and 1.0 (that of everything_saveable); pass '
         'an int for a budget in bytes.')
-  low = builtins['nothing_saveable'][0].peak_bytes
+  if isinstance(memory_budget, int) and memory_budget <= 0:
+    raise ValueError(f'memory_budget={memory_budget} bytes must be positive.')
+
+
+def _resolve_budget(memory_budget, builtins) -> int:
+  nothing = builtins['nothing_saveable'][0]
+  if isinstance(memory_budget, int):
+    floor = None if nothing.failed else nothing.argument_bytes + nothing.output_bytes
+    if floor is not None and memory_budget < floor:
+      raise ValueError(
+          f'memory_budget={memory_budget} is bytes, fewer than the step\'s '
+          f'arguments and outputs alone take ({floor:,} bytes), so no policy '
+          'can fit it. For a fraction of the way from nothing_saveable to '
+          'everything_saveable pass a float (memory_budget=1.0, 0.5, ...).')
+    return memory_budget
+  low = nothing.peak_bytes
   high = builtins['everything_saveable'][0].peak_bytes
   return int(low + memory_budget * (high - low))
 
@@ -195,43 +146,59 @@ class _Runner:
   """Evaluates policies (analysis + compile), each once, counting the
   compiles XLA really ran (not results found in ``compile_costs``' cache)."""
 
-  def __init__(self, f, args, kwargs, argnums, lowering, progress):
-    self.f, self.args, self.kwargs = f, args, kwargs
-    self.argnums, self.lowering, self.progress = argnums, lowering, progress
+  def __init__(self, f, args, kwargs, argnums, has_aux, lowering, progress):
+    self.f, self.args = f, args
+    self.options = dict(kwargs, argnums=argnums, has_aux=has_aux, lowering=lowering)
+    self.progress = progress
     self.compiles_before = compiles_run()
     self.policies: dict[str, Any] = {}
     self._evaluated: dict[str, tuple[CompiledCosts, RematReport]] = {}
 
+  def say(self, done, total, label) -> None:
+    if self.progress is not None:
+      self.progress(done, total, label)
+
   def report(self, policy) -> RematReport:
-    return analyze(self.f, *self.args, policy=policy, argnums=self.argnums,
-                   lowering=self.lowering, **self.kwargs)
+    return analyze(self.f, *self.args, policy=policy, **self.options)
 
   def evaluate(self, label, policy) -> tuple[CompiledCosts, RematReport]:
-    if label in self._evaluated:
-      return self._evaluated[label]
-    if self.progress is not None:
-      self.progress(len(self._evaluated), len(self._evaluated) + 1, label)
-    self.policies[label] = policy
-    costs = compile_costs(self.f, *self.args, policy=policy, argnums=self.argnums,
-                          lowering=self.lowering, **self.kwargs)
-    self._evaluated[label] = costs, self.report(policy)
+    if label not in self._evaluated:
+      self.policies[label] = policy
+      costs = compile_costs(self.f, *self.args, policy=policy, **self.options)
+      self._evaluated[label] = costs, self.report(policy)
     return self._evaluated[label]
 
   def best(self, budget, evaluated) -> SearchResult:
     candidates = tuple(
         Candidate(label, c.peak_bytes, r.total_flops,
-                  fits=not c.failed and c.peak_bytes <= budget, compiled=True)
+                  fits=not c.failed and c.peak_bytes <= budget)
         for label, (c, r) in evaluated.items())
     fitting = [c for c in candidates if c.fits]
     pool = fitting or [min(candidates, key=lambda c: c.peak_bytes or float('inf'))]
     chosen = min(pool, key=lambda c: (c.flops, c.peak_bytes))
     costs, report = evaluated[chosen.label]
+    policy = self.policies[chosen.label]
     return SearchResult(
-        policy=self.policies[chosen.label], label=chosen.label, budget_bytes=budget,
+        policy=policy, label=chosen.label[:80], budget_bytes=budget,
         peak_bytes=costs.peak_bytes, flops=report.total_flops, fits=bool(fitting),
+        explanation=_explain(chosen, policy, budget, candidates, bool(fitting)),
         compiles_used=compiles_run() - self.compiles_before,
-        candidates=candidates, costs=costs,
-        report=report)
+        candidates=candidates, costs=costs, report=report)
+
+
+def _explain(chosen: Candidate, policy, budget, candidates, fits) -> str:
+  if not fits:
+    return (f'Nothing fits {format_bytes(budget)}: the smallest compiled peak, '
+            f'{chosen.label}\'s, is {format_bytes(chosen.peak_bytes)}. Raise the '
+            'budget, or make the step smaller (batch, sequence, sharding).')
+  what = (policy.summary(200) if isinstance(policy, SaveChosen)
+          else f'the built-in {chosen.label}')
+  nothing = next((c for c in candidates if c.label == 'nothing_saveable'), None)
+  fewer = ''
+  if nothing is not None and nothing.flops > chosen.flops:
+    fewer = f', {1 - chosen.flops / nothing.flops:.0%} fewer than nothing_saveable'
+  return (f'Saves {what}: compiled peak {format_bytes(chosen.peak_bytes)} within '
+          f'the {format_bytes(budget)} budget, {format_flops(chosen.flops)}{fewer}.')
 
 
 def _greedy_choice(run: _Runner, names, budget, builtins):
@@ -240,8 +207,9 @@ def _greedy_choice(run: _Runner, names, budget, builtins):
   base_costs, base_report = builtins['nothing_saveable']
   if base_costs.failed:
     return {}
-  units = ([('name', n) for n in names] + [('primitive', p) for p in _SAVEABLE_KINDS]
-           + [('equation', s) for s in _costliest_recomputed(base_report)])
+  run.say(0, None, 'pricing what to save')
+  units = ([('name', n) for n in names] + [('role', r) for r in ROLES]
+           + [('pattern', p) for p in _costliest_recomputed(base_report)])
   priced = []
   for unit in units:
     report = run.report(_policy_of([unit]))
@@ -261,16 +229,32 @@ def _greedy_choice(run: _Runner, names, budget, builtins):
     trial = _policy_of([*chosen, unit])
     if predict(run.report(trial).residual_bytes_per_device) <= budget:
       chosen.append(unit)
-  tried = {}
+  chosen = _without_redundant(run, chosen)
   while chosen:
-    policy = _policy_of(chosen)
-    label = f'search: {policy!r}'
-    tried[label] = run.evaluate(label, policy)
-    costs = tried[label][0]
+    policy = _policy_of(chosen, sites=_sites(base_report, chosen))
+    label = repr(policy)
+    run.say(0, None, f'verifying {label}')
+    costs, report = run.evaluate(label, policy)
     if not costs.failed and costs.peak_bytes <= budget:
-      return {label: tried[label]}
+      return {label: (costs, report)}
     chosen.pop()
   return {}
+
+
+def _without_redundant(run: _Runner, chosen: list) -> list:
+  """`chosen` without the units that change nothing the others do not
+  already save (a pattern of dots once their role is chosen, ...): fewer,
+  clearer handles in the policy and its source."""
+  def effect(units):
+    report = run.report(_policy_of(units))
+    return report.total_flops, report.residual_bytes_per_device
+  full = effect(chosen)
+  kept = list(chosen)
+  for unit in reversed(chosen):
+    trial = [u for u in kept if u != unit]
+    if trial and effect(trial) == full:
+      kept = trial
+  return kept
 
 
 def _peak_model(builtins) -> Callable[[int], float]:
@@ -286,27 +270,47 @@ def _peak_model(builtins) -> Callable[[int], float]:
   return lambda residual_bytes: intercept + slope * residual_bytes
 
 
-def _costliest_recomputed(report: RematReport) -> list[EquationSignature]:
-  """Signatures of the equations the blocks recompute, by the FLOPs their
-  recompute costs in all (trip counts applied), costliest first, at most
-  ``MAX_EQUATION_UNITS``. Equations recomputed inside a call of the staged
-  half (``RecomputedEquation.inside``) are reached through their kind or
-  name only."""
-  flops: dict[EquationSignature, int] = {}
+def _recomputed_patterns(report: RematReport):
+  """(pattern, recomputed equation, block) for each equation the blocks
+  recompute that a pattern can name (not those inside a call of the
+  staged half, reached through their name or role only)."""
   for block in report.blocks:
     if not block.differentiated or block.staged_jaxpr is None:
       continue
     for e in block.recomputed:
       if e.index is None or e.flops <= 0:
         continue
-      signature = EquationSignature.of_equation(block.staged_jaxpr.eqns[e.index])
-      flops[signature] = flops.get(signature, 0) + e.flops * (block.trip_count or 1)
-  ranked = sorted(flops, key=lambda s: (-flops[s], s))
-  return ranked[:MAX_EQUATION_UNITS]
+      pattern = EquationPattern.of_equation(block.staged_jaxpr.eqns[e.index])
+      if pattern is not None:
+        yield pattern, e, block
 
 
-def _policy_of(units) -> SaveChosen:
+def _costliest_recomputed(report: RematReport) -> list[EquationPattern]:
+  """The patterns of recomputed equations by the FLOPs their recompute
+  costs in all (trip counts applied), costliest first, at most
+  ``MAX_PATTERN_UNITS``."""
+  flops: dict[EquationPattern, int] = {}
+  for pattern, e, block in _recomputed_patterns(report):
+    flops[pattern] = flops.get(pattern, 0) + e.flops * (block.trip_count or 1)
+  return sorted(flops, key=lambda p: (-flops[p], p))[:MAX_PATTERN_UNITS]
+
+
+def _sites(report: RematReport, units) -> tuple[str, ...]:
+  """The lines of the user's code the chosen patterns cover."""
+  patterns = {v for kind, v in units if kind == 'pattern'}
+  found = []
+  for pattern, e, _ in _recomputed_patterns(report):
+    if pattern in patterns:
+      where = ' · '.join(x for x in (e.source, e.module_path) if x)
+      if where and where not in found:
+        found.append(where)
+  return tuple(found)
+
+
+def _policy_of(units, sites=()) -> SaveChosen:
   return SaveChosen(
       names=frozenset(v for kind, v in units if kind == 'name'),
-      primitives=frozenset(v for kind, v in units if kind == 'primitive'),
-      equations=frozenset(v for kind, v in units if kind == 'equation'))
+      roles=frozenset(v for kind, v in units if kind == 'role'),
+      patterns=frozenset(v for kind, v in units if kind == 'pattern'),
+      sites=tuple(sites))
+

@@ -252,6 +252,9 @@ class Explorer:
         return
 
   def _progress(self, i, n, label):
+    if n is None:  # a total not known yet: say what runs, without a count
+      self.status.value = html.escape(label)
+      return
     self.progress.max = max(n, 1)
     self.progress.value = min(i, n)
     self.status.value = html.escape(f'{label} ({i}/{n})')

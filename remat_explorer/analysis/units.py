@@ -1,0 +1,64 @@
+"""Humanised numbers: bytes in KiB/MiB/GiB, FLOPs in kFLOP/MFLOP/GFLOP,
+seconds in ms/µs. Used wherever the analysis words a figure (a search's
+explanation) and by every renderer."""
+
+from __future__ import annotations
+
+import math
+
+_BYTE_UNITS = ('B', 'KiB', 'MiB', 'GiB', 'TiB', 'PiB')
+_FLOP_UNITS = ('FLOP', 'kFLOP', 'MFLOP', 'GFLOP', 'TFLOP', 'PFLOP')
+MISSING = '—'
+
+
+def _humanise(n: float | None, base: int, units: tuple[str, ...]) -> str:
+  if n is None or (isinstance(n, float) and not math.isfinite(n)):
+    return MISSING
+  sign, value = ('-' if n < 0 else ''), abs(float(n))
+  exponent = 0
+  while value >= base and exponent < len(units) - 1:
+    value /= base
+    exponent += 1
+  if exponent == 0:
+    # Whole bytes and FLOPs read better without a decimal.
+    return f'{sign}{value:.0f} {units[0]}'
+  return f'{sign}{value:.1f} {units[exponent]}'
+
+
+def format_bytes(n: float | None) -> str:
+  """``1536 -> '1.5 KiB'``, powers of 1024; ``None -> '—'``."""
+  return _humanise(n, 1024, _BYTE_UNITS)
+
+
+def format_flops(n: float | None) -> str:
+  """``1500 -> '1.5 kFLOP'``, powers of 1000; ``None -> '—'``."""
+  return _humanise(n, 1000, _FLOP_UNITS)
+
+
+def format_seconds(s: float | None) -> str:
+  """``0.0123 -> '12.3 ms'``; ``None -> '—'``."""
+  if s is None:
+    return MISSING
+  for scale, unit in ((1, 's'), (1e-3, 'ms'), (1e-6, 'µs')):
+    if abs(s) >= scale:
+      return f'{s / scale:.1f} {unit}'
+  return f'{s * 1e9:.0f} ns'
+
+
+def byte_unit(n: float) -> float:
+  """The power of 1024 `format_bytes` would use for `n`."""
+  return _unit(n, 1024, len(_BYTE_UNITS))
+
+
+def flop_unit(n: float) -> float:
+  """The power of 1000 `format_flops` would use for `n`."""
+  return _unit(n, 1000, len(_FLOP_UNITS))
+
+
+def _unit(n: float, base: int, count: int) -> float:
+  value, scale = abs(float(n)), 1.0
+  for _ in range(count - 1):
+    if value < base * scale:
+      break
+    scale *= base
+  return scale
