@@ -1,0 +1,190 @@
+"""Models written as users of Flax and Equinox write them, unchanged by the
+explorer: a Flax Linen ``nn.scan(nn.remat(Block))`` stack trained with an
+optax loss, a Flax NNX ``nnx.scan`` + ``nnx.remat`` model with
+``checkpoint_name``s, and an Equinox model whose scanned layers are
+``eqx.filter_checkpoint``ed. Each builder returns ``(loss_fn, args)`` with
+the parameters first, from a fixed seed."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import optax
+from flax import linen as nn
+from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
+
+VOCAB = 128
+
+
+# -- Flax Linen --------------------------------------------------------------------
+
+class LinenBlock(nn.Module):
+  d_model: int
+  num_heads: int
+
+  @nn.compact
+  def __call__(self, x, _):
+    h = nn.LayerNorm(name='ln_attn')(x)
+    qkv = checkpoint_name(nn.Dense(3 * self.d_model, name='qkv')(h), 'qkv')
+    q, k, v = jnp.split(qkv, 3, axis=-1)
+    b, t, d = q.shape
+    heads = lambda y: y.reshape(b, t, self.num_heads, d // self.num_heads)
+    logits = jnp.einsum('bqhd,bkhd->bhqk', heads(q), heads(k)) / (d // self.num_heads) ** 0.5
+    probs = jax.nn.softmax(logits, axis=-1)
+    attended = jnp.einsum('bhqk,bkhd->bqhd', probs, heads(v)).reshape(b, t, d)
+    x = x + nn.Dense(d, name='attn_out')(attended)
+    h = nn.LayerNorm(name='ln_mlp')(x)
+    h = checkpoint_name(jax.nn.gelu(nn.Dense(4 * d, name='mlp_in')(h)), 'mlp_hidden')
+    return x + nn.Dense(d, name='mlp_out')(h), None
+
+
+class LinenModel(nn.Module):
+  num_layers: int = 3
+  d_model: int = 32
+  num_heads: int = 4
+
+  @nn.compact
+  def __call__(self, tokens):
+    x = nn.Embed(VOCAB, self.d_model, name='embed')(tokens)
+    policy = jax.checkpoint_policies.save_only_these_names('qkv', 'mlp_hidden')
+    stack = nn.scan(nn.remat(LinenBlock, policy=policy, prevent_cse=False),
+                    variable_axes={'params': 0}, split_rngs={'params': True},
+                    length=self.num_layers)
+    x, _ = stack(self.d_model, self.num_heads, name='blocks')(x, None)
+    return nn.Dense(VOCAB, name='head')(nn.LayerNorm(name='ln_final')(x))
+
+
+def linen_transformer(batch=4, seq=16):
+  model = LinenModel()
+  tokens = jax.random.randint(jax.random.key(0), (batch, seq), 0, VOCAB)
+  params = model.init(jax.random.key(1), tokens)['params']
+
+  def loss_fn(params, tokens):
+    logits = model.apply({'params': params}, tokens)
+    return optax.softmax_cross_entropy_with_integer_labels(
+        logits[:, :-1], tokens[:, 1:]).mean()
+  return loss_fn, (params, tokens)
+
+
+# -- Flax NNX -----------------------------------------------------------------------
+
+class Attention(nnx.Module):
+  def __init__(self, d, heads, rngs):
+    self.query = nnx.Linear(d, d, rngs=rngs)
+    self.key = nnx.Linear(d, d, rngs=rngs)
+    self.value = nnx.Linear(d, d, rngs=rngs)
+    self.out = nnx.Linear(d, d, rngs=rngs)
+    self.heads = heads
+
+  def __call__(self, x):
+    b, t, d = x.shape
+    split = lambda y: y.reshape(b, t, self.heads, d // self.heads)
+    q = checkpoint_name(split(self.query(x)), 'query')
+    k, v = split(self.key(x)), split(self.value(x))
+    probs = jax.nn.softmax(jnp.einsum('bqhd,bkhd->bhqk', q, k) / (d // self.heads) ** 0.5)
+    probs = checkpoint_name(probs, 'attention_probs')
+    return self.out(jnp.einsum('bhqk,bkhd->bqhd', probs, v).reshape(b, t, d))
+
+
+class NnxBlock(nnx.Module):
+  def __init__(self, d, heads, rngs):
+    self.norm1 = nnx.LayerNorm(d, rngs=rngs)
+    self.attention = Attention(d, heads, rngs)
+    self.norm2 = nnx.LayerNorm(d, rngs=rngs)
+    self.mlp_in = nnx.Linear(d, 4 * d, rngs=rngs)
+    self.mlp_out = nnx.Linear(4 * d, d, rngs=rngs)
+
+  def __call__(self, x):
+    x = x + self.attention(self.norm1(x))
+    h = checkpoint_name(jax.nn.gelu(self.mlp_in(self.norm2(x))), 'mlp_hidden')
+    return x + self.mlp_out(h)
+
+
+class NnxModel(nnx.Module):
+  def __init__(self, layers=3, d=32, heads=4, *, rngs):
+    self.embed = nnx.Embed(VOCAB, d, rngs=rngs)
+
+    @nnx.split_rngs(splits=layers)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def make_block(rngs):
+      return NnxBlock(d, heads, rngs)
+    self.blocks = make_block(rngs)
+    self.head = nnx.Linear(d, VOCAB, rngs=rngs)
+
+  def __call__(self, tokens):
+    x = self.embed(tokens)
+    policy = jax.checkpoint_policies.save_only_these_names('query', 'mlp_hidden')
+
+    @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+    @nnx.remat(policy=policy)
+    def run(x, block):
+      return block(x)
+    return self.head(run(x, self.blocks))
+
+
+def nnx_transformer(batch=4, seq=16):
+  graphdef, params = nnx.split(NnxModel(rngs=nnx.Rngs(0)))
+  tokens = jax.random.randint(jax.random.key(2), (batch, seq), 0, VOCAB)
+
+  def loss_fn(params, tokens):
+    logits = nnx.merge(graphdef, params)(tokens)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, tokens).mean()
+  return loss_fn, (params, tokens)
+
+
+# -- Equinox ------------------------------------------------------------------------
+
+class EqxLayer(eqx.Module):
+  norm1: eqx.nn.LayerNorm
+  attention: eqx.nn.MultiheadAttention
+  norm2: eqx.nn.LayerNorm
+  mlp_in: eqx.nn.Linear
+  mlp_out: eqx.nn.Linear
+
+  def __init__(self, d, heads, key):
+    k1, k2, k3 = jax.random.split(key, 3)
+    self.norm1, self.norm2 = eqx.nn.LayerNorm(d), eqx.nn.LayerNorm(d)
+    self.attention = eqx.nn.MultiheadAttention(heads, d, key=k1)
+    self.mlp_in = eqx.nn.Linear(d, 4 * d, key=k2)
+    self.mlp_out = eqx.nn.Linear(4 * d, d, key=k3)
+
+  def __call__(self, x):
+    h = jax.vmap(self.norm1)(x)
+    x = x + self.attention(h, h, h)
+    h = jax.nn.gelu(jax.vmap(self.mlp_in)(jax.vmap(self.norm2)(x)))
+    return x + jax.vmap(self.mlp_out)(checkpoint_name(h, 'mlp_hidden'))
+
+
+class EqxModel(eqx.Module):
+  embed: eqx.nn.Embedding
+  layers: EqxLayer
+  head: eqx.nn.Linear
+
+  def __init__(self, layers=3, d=32, heads=4, *, key):
+    k1, k2, k3 = jax.random.split(key, 3)
+    self.embed = eqx.nn.Embedding(VOCAB, d, key=k1)
+    self.layers = eqx.filter_vmap(lambda k: EqxLayer(d, heads, k))(jax.random.split(k2, layers))
+    self.head = eqx.nn.Linear(d, VOCAB, key=k3)
+
+  def __call__(self, tokens):
+    x = jax.vmap(self.embed)(tokens)
+    dynamic, static = eqx.partition(self.layers, eqx.is_array)
+
+    @eqx.filter_checkpoint(policy=jax.checkpoint_policies.save_only_these_names('mlp_hidden'))
+    def layer_step(x, params):
+      return eqx.combine(params, static)(x)
+    x, _ = jax.lax.scan(lambda x, p: (layer_step(x, p), None), x, dynamic)
+    return jax.vmap(self.head)(x)
+
+
+def equinox_transformer(batch=4, seq=16):
+  model = EqxModel(key=jax.random.key(3))
+  tokens = jax.random.randint(jax.random.key(4), (batch, seq), 0, VOCAB)
+
+  def loss_fn(model, tokens):
+    logits = jax.vmap(model)(tokens)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, tokens).mean()
+  return loss_fn, (model, tokens)
+
+
+MODELS = {'linen': linen_transformer, 'nnx': nnx_transformer, 'equinox': equinox_transformer}
