@@ -24,7 +24,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 import remat_explorer as rx  # noqa: E402
 from remat_explorer import examples, viz  # noqa: E402
 from remat_explorer.analysis.context import compiles_run  # noqa: E402
-from remat_explorer.analysis import (NO_REMAT, analyze, compare,  # noqa: E402
+from remat_explorer.analysis import (analyze, compare,  # noqa: E402
                                      compile_costs, search_policy)
 from remat_explorer.analysis.collectives import KINDS  # noqa: E402
 from remat_explorer.viz import charts  # noqa: E402

@@ -25,18 +25,17 @@ import dataclasses
 import os
 
 import jax
-import numpy as np
 
 from remat_explorer.analysis import flops as flop_count
 from remat_explorer.analysis import sharding
 from remat_explorer.analysis.cache import ResultCache
-from remat_explorer.analysis.origins import (ModulePaths, module_of_parameter,
+from remat_explorer.analysis.origins import (ModulePaths, call_body, module_of_parameter,
                                              trace_producer, user_site)
 from remat_explorer.analysis.problem import Problem
 from remat_explorer.analysis.program import (BlockSite, PolicyChoice, describe_policy,
                                              policy_label)
 from remat_explorer.analysis.report import (
-    BlockReport, EquationCost, RecomputedEquation, RematReport, Residual)
+    BlockReport, EquationCost, RecomputedEquation, RematReport, Residual, aval_bytes)
 from remat_explorer.analysis.policy_info import policy_warnings
 from remat_explorer.engine import _jax_internals as jx
 from remat_explorer.engine.primitive import checkpoint_p, observe_splits
@@ -159,6 +158,8 @@ def _analyze(problem, policy, lowering) -> RematReport:
       mesh_shape=None if placement is None else placement.mesh_shape,
       notes=tuple(notes),
       has_aux=problem.has_aux,
+      transcendentals=(flop_count.jaxpr_transcendentals(forward_jaxpr)
+                       + flop_count.jaxpr_transcendentals(backward_jaxpr)),
   )
 
 
@@ -234,7 +235,7 @@ def _residual(index, origin, paths, block_of_equation=None, block=None,
   space = getattr(aval, 'memory_space', None)
   return Residual(
       index=index, shape=tuple(aval.shape), dtype=str(aval.dtype),
-      bytes=int(np.prod(aval.shape, dtype=np.int64)) * aval.dtype.itemsize,
+      bytes=aval_bytes(aval),
       kind=origin.kind, description=origin.description, name=name,
       primitive=primitive, source=None if site is None else str(site),
       argument=origin.argument,
@@ -359,7 +360,6 @@ def _recomputed_equations(split, in_unknowns, nested, paths):
 
 # Equations whose one sub-jaxpr takes their inputs and gives their outputs,
 # in order, with the parameter holding it.
-_CALL_JAXPR_PARAMS = {'checkpoint': 'jaxpr', 'jit': 'jaxpr', 'closed_call': 'call_jaxpr'}
 
 
 def _tangent_free_equations(jaxpr, tangents: set, inside: int | None, nested,
@@ -408,7 +408,7 @@ def _looked_into(eqn, reads, nested):
   whose body's outputs are the equation's, in order; (None, None, 0) else."""
   if eqn.primitive.name == 'scan':
     return (*_scan_body_reads(eqn, reads, nested), eqn.params['length'])
-  body = _call_body(eqn)
+  body = call_body(eqn, custom=False)
   return (None, None, 0) if body is None else (body, reads, 1)
 
 
@@ -442,17 +442,6 @@ def _recomputed(eqn, index, inside, trips, context, paths) -> RecomputedEquation
       source=None if site is None else str(site),
       name=jx.name_of_named_value(eqn), index=index, inside=inside,
       site=site, module_path=paths.of(eqn) or (paths.of(context) if context else ''))
-
-
-def _call_body(eqn):
-  param = _CALL_JAXPR_PARAMS.get(eqn.primitive.name)
-  body = eqn.params.get(param) if param else None
-  body = getattr(body, 'jaxpr', body)  # a ClosedJaxpr's jaxpr
-  if (not isinstance(body, core.Jaxpr) or body.constvars
-      or len(body.invars) != len(eqn.invars)
-      or len(body.outvars) != len(eqn.outvars)):
-    return None
-  return body
 
 
 def _equation_costs(closed) -> tuple[EquationCost, ...]:

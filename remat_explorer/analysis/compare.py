@@ -23,7 +23,7 @@ from remat_explorer.analysis.compiled import CompiledCosts, compile_costs
 from remat_explorer.analysis.context import TraceSettings
 from remat_explorer.analysis.policy_info import NO_REMAT, describe_policy
 from remat_explorer.analysis.policy_text import parse_policy
-from remat_explorer.analysis.report import RematReport, _plain
+from remat_explorer.analysis.report import RematReport, plain_data
 from remat_explorer.engine.policies import checkpoint_policies
 
 FLOPS_USED_BY_CHARTS = 'jaxpr'
@@ -105,8 +105,8 @@ class Comparison:
                    f'{[r.label for r in self.rows]}')
 
   def to_dict(self) -> dict:
-    out = _plain(dataclasses.replace(self, rows=()))
-    out['rows'] = [dict(_plain(r), costs=r.costs.to_dict(),
+    out = plain_data(dataclasses.replace(self, rows=()))
+    out['rows'] = [dict(plain_data(r), costs=r.costs.to_dict(),
                         report=None if r.report is None else r.report.to_dict())
                    for r in self.rows]
     return out

@@ -21,7 +21,6 @@ import re
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import jax
 import numpy as np
@@ -33,7 +32,6 @@ from remat_explorer.analysis.context import note_compile
 from remat_explorer.analysis.problem import Problem, check_positions
 from remat_explorer.analysis.program import PolicyChoice, policy_label
 from remat_explorer.analysis.sharding import compiled_placement, find_placement
-from remat_explorer.engine import _jax_internals as jx
 from remat_explorer.analysis.hlo import parse_hlo
 from remat_explorer.analysis.timeline import MemoryTimeline, memory_timeline
 
@@ -143,8 +141,8 @@ class CompiledCosts:
     return self.total_bytes
 
   def to_dict(self) -> dict:
-    from remat_explorer.analysis.report import _plain
-    out = _plain(dataclasses.replace(self, buffer_assignment_proto=None))
+    from remat_explorer.analysis.report import plain_data
+    out = plain_data(dataclasses.replace(self, buffer_assignment_proto=None))
     if self.buffer_assignment_proto is not None:
       out['buffer_assignment_proto'] = base64.b64encode(
           self.buffer_assignment_proto).decode('ascii')

@@ -38,6 +38,8 @@ import jax.numpy as jnp
 from jax.extend.core import (ClosedJaxpr, Jaxpr, JaxprEqn, Var,
                              jaxprs_in_params)
 
+from remat_explorer.analysis.origins import CALL_PRIMITIVES
+
 
 @dataclass(frozen=True)
 class EquationFlops:
@@ -87,9 +89,6 @@ _PER_ELEMENT: dict[str, tuple[int, int]] = {
     'digamma': (73, 3), 'bessel_i0e': (83, 1), 'bessel_i1e': (83, 1),
     'nextafter': (23, 0),
 }
-_CALLS = frozenset('''
-  jit pjit closed_call core_call call custom_jvp_call custom_vjp_call
-  custom_vjp_call_jaxpr checkpoint remat2 custom_lin'''.split())
 _SCAN_BLOCK = 16  # the base length of XLA's ReduceWindowRewriter on CPU
 
 
@@ -263,7 +262,7 @@ def _eqn_cost(eqn: JaxprEqn) -> tuple[_Cost, int | None, str]:
             f'per-shard body x {shards} shards')
   subjaxprs = list(jaxprs_in_params(params))
   cost = sum((_jaxpr_cost(j) for j in subjaxprs), _Cost())
-  if name in _CALLS:
+  if name in CALL_PRIMITIVES:
     return cost, None, ''
   if subjaxprs:
     return cost, None, 'unknown primitive: its sub-jaxprs counted once'
@@ -273,11 +272,6 @@ def _eqn_cost(eqn: JaxprEqn) -> tuple[_Cost, int | None, str]:
 def eqn_flops(eqn: JaxprEqn) -> int:
   """FLOPs of one equation, sub-jaxprs included (with trip counts)."""
   return _eqn_cost(eqn)[0].flops
-
-
-def eqn_transcendentals(eqn: JaxprEqn) -> int:
-  """Transcendental ops of one equation, as XLA's cost analysis counts them."""
-  return _eqn_cost(eqn)[0].transcendentals
 
 
 def jaxpr_flops(jaxpr: Jaxpr | ClosedJaxpr) -> int:

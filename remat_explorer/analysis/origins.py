@@ -36,7 +36,7 @@ import re
 import sysconfig
 from typing import Iterable, Sequence
 
-from jax.extend.core import Literal, Var
+from jax.extend.core import Jaxpr, Literal, Var
 
 # Frames in these packages are the machinery between the user and JAX.
 _LIBRARIES = ('jax', 'jaxlib', 'flax', 'equinox', 'optax', 'chex', 'jaxtyping',
@@ -314,6 +314,8 @@ def _sub_programs(eqn) -> list[tuple]:
   """(jaxpr, the outer atoms its inputs are) for the bodies of an equation
   whose inputs map onto its body's one to one."""
   params, name = eqn.params, eqn.primitive.name
+  if name == 'scan':  # consts, carry and xs, in order (xs sliced per step)
+    return [(params['jaxpr'].jaxpr, eqn.invars)]
   if name == 'cond':
     return [(b.jaxpr, eqn.invars[1:]) for b in params['branches']]
   if name == 'while':
@@ -323,17 +325,30 @@ def _sub_programs(eqn) -> list[tuple]:
   return [] if body is None else [(body, eqn.invars)]
 
 
-def call_body(eqn):
-  """The jaxpr of a call-like equation (``jit``, ``scan``, ``checkpoint``,
-  JAX's ``remat``, custom derivatives, ``closed_call``) whose inputs are
-  the equation's inputs in order, or None."""
-  for key in ('jaxpr', 'call_jaxpr', 'fun_jaxpr'):
-    body = eqn.params.get(key)
-    body = getattr(body, 'jaxpr', body)
-    if (body is not None and hasattr(body, 'eqns')
-        and len(body.invars) == len(eqn.invars)):
-      return body
-  return None
+# Call-like primitives: the parameter that holds the body whose inputs and
+# outputs are the equation's, in order (None: a call without one to read).
+CALL_PRIMITIVES = {
+    'jit': 'jaxpr', 'pjit': 'jaxpr', 'checkpoint': 'jaxpr', 'remat2': 'jaxpr',
+    'closed_call': 'call_jaxpr', 'core_call': 'call_jaxpr', 'call': 'call_jaxpr',
+    'custom_jvp_call': 'call_jaxpr', 'custom_vjp_call': 'call_jaxpr',
+    'custom_vjp_call_jaxpr': 'fun_jaxpr', 'custom_lin': None,
+}
+
+
+def call_body(eqn, custom: bool = True):
+  """The jaxpr of a call-like equation (``CALL_PRIMITIVES``) whose inputs
+  and outputs are the equation's in order, or None. With `custom` False,
+  custom-derivative calls (whose rules are the user's) are not entered."""
+  name = eqn.primitive.name
+  if not custom and name.startswith('custom_'):
+    return None
+  body = eqn.params.get(CALL_PRIMITIVES.get(name) or '')
+  body = getattr(body, 'jaxpr', body)  # a ClosedJaxpr's jaxpr
+  if (not isinstance(body, Jaxpr) or body.constvars
+      or len(body.invars) != len(eqn.invars)
+      or len(body.outvars) != len(eqn.outvars)):
+    return None
+  return body
 
 
 # -- the producer of a value -------------------------------------------------------------

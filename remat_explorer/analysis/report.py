@@ -200,6 +200,10 @@ class RematReport:
   was given)."""
   has_aux: bool = False
   """Whether only the first output (the loss) was differentiated."""
+  transcendentals: int = 0
+  """Transcendental operations (exp, tanh, ...) of both passes, trip counts
+  applied, counted as XLA's cost analysis counts them: apart from FLOPs,
+  in which they count 0."""
 
   @property
   def residual_bytes(self) -> int:
@@ -224,7 +228,7 @@ class RematReport:
 
   def to_dict(self) -> dict:
     """JSON-serializable: numbers, strings, lists; jaxprs as text."""
-    out = _plain(self)
+    out = plain_data(self)
     out['residual_bytes'] = self.residual_bytes
     out['residual_bytes_per_device'] = self.residual_bytes_per_device
     out['total_flops'] = self.total_flops
@@ -235,6 +239,17 @@ class RematReport:
     return out
 
 
+def aval_bytes(aval) -> int:
+  """Bytes of an array of this abstract value (0 for tokens and the like)."""
+  dtype = getattr(aval, 'dtype', None)
+  if dtype is None:
+    return 0
+  size = 1
+  for d in getattr(aval, 'shape', ()):
+    size *= int(d)
+  return size * dtype.itemsize
+
+
 def aval_text(aval) -> str:
   """``f32[8,128]``: an abstract value as jaxprs print it."""
   try:
@@ -243,14 +258,14 @@ def aval_text(aval) -> str:
     return aval.str_short()
 
 
-def _plain(value):
+def plain_data(value):
   """Dataclasses to dicts, tuples to lists, jaxprs to text, recursively."""
   if dataclasses.is_dataclass(value) and not isinstance(value, type):
-    return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    return {f.name: plain_data(getattr(value, f.name)) for f in dataclasses.fields(value)}
   if isinstance(value, (list, tuple)):
-    return [_plain(v) for v in value]
+    return [plain_data(v) for v in value]
   if isinstance(value, dict):
-    return {str(k): _plain(v) for k, v in value.items()}
+    return {str(k): plain_data(v) for k, v in value.items()}
   if value is None or isinstance(value, (bool, int, float, str)):
     return value
   return str(value)

@@ -25,7 +25,7 @@ from remat_explorer.analysis.chosen_policy import ROLES, EquationPattern, SaveCh
 from remat_explorer.analysis.compare import builtin_policies
 from remat_explorer.analysis.compiled import CompiledCosts, compile_costs
 from remat_explorer.analysis.context import compiles_run
-from remat_explorer.analysis.report import RematReport, _plain
+from remat_explorer.analysis.report import RematReport, plain_data
 from remat_explorer.analysis.units import format_bytes, format_flops
 
 # At most this many equation patterns are priced, the ones whose recompute
@@ -78,7 +78,7 @@ class SearchResult:
     return f'import jax\n\npolicy = jax.checkpoint_policies.{describe_policy(self.policy)}\n'
 
   def to_dict(self) -> dict:
-    out = _plain(self)
+    out = plain_data(self)
     out['policy'] = repr(self.policy)
     out['source'] = self.to_source()
     out['costs'] = self.costs.to_dict()

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from remat_explorer.analysis.report import BlockReport
+from remat_explorer.analysis.report import aval_bytes  # noqa: F401 (used by split_graph)
 from remat_explorer.analysis.report import aval_text as report_aval_text
 
 
@@ -29,15 +30,6 @@ class BlockSplit:
   """Indices of the staged jaxpr's invars that are (co)tangents."""
   recomputed: frozenset[int]
   """Indices of staged equations that recompute forward values."""
-
-
-def aval_bytes(aval) -> int:
-  shape = getattr(aval, 'shape', ())
-  dtype = getattr(aval, 'dtype', None)
-  size = 1
-  for d in shape:
-    size *= int(d)
-  return size * (dtype.itemsize if dtype is not None else 0)
 
 
 def aval_text(atom) -> str:
