@@ -160,6 +160,7 @@ def _analyze(problem, policy, lowering) -> RematReport:
       has_aux=problem.has_aux,
       transcendentals=(flop_count.jaxpr_transcendentals(forward_jaxpr)
                        + flop_count.jaxpr_transcendentals(backward_jaxpr)),
+      module_paths=paths,
   )
 
 
@@ -320,8 +321,11 @@ def _block_report(site: BlockSite, record, on_forward_pass, names,
           record.jaxpr.invars, input_names, record.in_unknowns,
           split.staged_inputs_used))
       if used and not unknown]
-  residuals = tuple(_residual(i, o, paths, block=site.name, jaxpr=residual_part)
-                    for i, o in enumerate(origins))
+  positions = _residual_positions(residual_part, split, record)
+  residuals = tuple(dataclasses.replace(
+      _residual(i, o, paths, block=site.name, jaxpr=residual_part),
+      position=positions.get(id(o.var)))
+      for i, o in enumerate(origins))
   recomputed = tuple(_recomputed_equations(split, record.in_unknowns, nested, paths))
   return BlockReport(
       **common, differentiated=True, residuals=residuals,
@@ -332,6 +336,23 @@ def _block_report(site: BlockSite, record, on_forward_pass, names,
       known_inputs_used=tuple(split.known_inputs_used),
       staged_inputs_used=tuple(split.staged_inputs_used),
       split_pass='forward' if on_forward_pass else 'backward')
+
+
+def _residual_positions(residual_part, split, record) -> dict[int, int]:
+  """id of each residual's origin variable -> its input position in the
+  staged jaxpr: the residual outputs in order (a rounded one by the value
+  it rounds), then the block inputs the staged jaxpr reads."""
+  rounded_from = {id(e.outvars[0]): e.invars[0] for e in residual_part.eqns
+                  if e.primitive is jx.reduce_precision_p}
+  positions = {}
+  for k, out in enumerate(residual_part.outvars):
+    positions.setdefault(id(out), k)
+    if id(out) in rounded_from:
+      positions.setdefault(id(rounded_from[id(out)]), k)
+  staged_reads = [v for v, used in zip(record.jaxpr.invars, split.staged_inputs_used) if used]
+  for k, v in enumerate(staged_reads):
+    positions.setdefault(id(v), split.num_residuals + k)
+  return positions
 
 
 def _block_input_names(record) -> list[str]:

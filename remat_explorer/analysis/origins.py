@@ -63,11 +63,18 @@ def _library_roots() -> tuple[str, ...]:
           *_package_roots(_LIBRARIES))
 
 
+# This package's example models are a user's code like any other.
+_OWN_EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))),
+                             'examples.py')
+
+
 @functools.lru_cache(maxsize=4096)
 def is_library_file(path: str) -> bool:
   if not path or path.startswith('<frozen'):
     return True
   real = os.path.realpath(path)
+  if real == _OWN_EXAMPLES:
+    return False
   return any(real.startswith(root) for root in _library_roots())
 
 

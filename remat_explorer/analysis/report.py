@@ -54,6 +54,9 @@ class Residual:
   carried_out_of: tuple[str, ...] = ()
   """The constructs that carried it out of a body, e.g. ``('scan×4',)``
   for a value a scan stacks over its 4 steps."""
+  position: int | None = None
+  """For a block's residual: its input position in the block's staged
+  jaxpr (residuals first, then the block inputs it reads)."""
 
   @property
   def type_string(self) -> str:
@@ -204,6 +207,19 @@ class RematReport:
   """Transcendental operations (exp, tanh, ...) of both passes, trip counts
   applied, counted as XLA's cost analysis counts them: apart from FLOPs,
   in which they count 0."""
+  module_paths: Any = dataclasses.field(default=None, repr=False, compare=False)
+  """The program's ``origins.ModulePaths``, for ``graph``."""
+
+  @property
+  def graph(self):
+    """The split of every block as a plain graph (``graph.SplitGraph``),
+    built when first asked."""
+    cached = self.__dict__.get('_graph')
+    if cached is None:
+      from remat_explorer.analysis.graph import split_graph_of
+      cached = split_graph_of(self)
+      object.__setattr__(self, '_graph', cached)
+    return cached
 
   @property
   def residual_bytes(self) -> int:
@@ -228,7 +244,8 @@ class RematReport:
 
   def to_dict(self) -> dict:
     """JSON-serializable: numbers, strings, lists; jaxprs as text."""
-    out = plain_data(self)
+    out = plain_data(dataclasses.replace(self, module_paths=None))
+    del out['module_paths']
     out['residual_bytes'] = self.residual_bytes
     out['residual_bytes_per_device'] = self.residual_bytes_per_device
     out['total_flops'] = self.total_flops
