@@ -425,3 +425,32 @@ def test_residual_buffers_at_the_peak_link_back_to_their_residuals():
   assert biggest.residual.carried_out_of == ('scan×4',)
   assert biggest.residual.name in examples.MLP_NAMES
   assert biggest.policy == 'nothing_saveable (default)'
+
+
+def test_every_buffer_live_at_the_peak_is_described():
+  from remat_explorer.analysis import analyze, live_at_peak, residuals_at_peak
+  loss_fn, args = examples.transformer(num_layers=2, d_model=32, seq_len=16, batch=2,
+                                       use_scan=True)
+  report, costs = analyze(loss_fn, *args), compile_costs(loss_fn, *args)
+  table = live_at_peak(report, costs)
+  timeline = costs.timeline
+  # Every device buffer live at the peak, and only those, largest first.
+  assert sum(b.bytes for b in table) == timeline.live_bytes[timeline.peak_step]
+  assert [b.bytes for b in table] == sorted((b.bytes for b in table), reverse=True)
+  assert {b.kind for b in table} >= {'parameter', 'residual'}
+  assert all(b.made_by == '' for b in table if b.kind == 'parameter')
+  residuals = [b for b in table if b.kind == 'residual']
+  assert residuals == residuals_at_peak(report, costs)
+  assert all(b.made_by == 'forward' for b in residuals)
+  assert any(b.source.startswith('remat_explorer/examples.py:') for b in residuals)
+  # The passes along the schedule: the backward pass starts after a forward one.
+  passes = timeline.passes()
+  assert passes[0][2] == 'forward' and 0 < timeline.backward_start < len(timeline.steps)
+  assert {p for _, _, p in passes} >= {'forward', 'backward'}
+
+
+def test_report_and_costs_given_the_other_way_round_is_a_clear_error():
+  from remat_explorer.analysis import analyze, residuals_at_peak
+  loss_fn, args = examples.mlp(num_layers=2, width=16, batch=4)
+  with pytest.raises(TypeError, match=r'expected \(report, costs\).*got \(CompiledCosts, RematReport\)'):
+    residuals_at_peak(compile_costs(loss_fn, *args), analyze(loss_fn, *args))

@@ -35,7 +35,8 @@ from remat_explorer.analysis.collectives import Collective
 from remat_explorer.analysis.compare import (Comparison, PolicyRow,
                                              builtin_policies, compare)
 from remat_explorer.analysis.compiled import CompiledCosts, compile_costs
-from remat_explorer.analysis.peak import PeakResidual, residuals_at_peak
+from remat_explorer.analysis.peak import (PeakBuffer, PeakResidual, live_at_peak,
+                                         residuals_at_peak)
 from remat_explorer.analysis.policy_info import NO_REMAT, describe_policy
 from remat_explorer.analysis.report import (BlockReport, EquationCost,
                                             RecomputedEquation, RematReport,
@@ -51,5 +52,5 @@ __all__ = [
     'compare', 'Comparison', 'PolicyRow', 'builtin_policies', 'NO_REMAT',
     'describe_policy', 'search_policy', 'SearchResult', 'SaveChosen',
     'EquationPattern', 'parse_policy',
-    'residuals_at_peak', 'PeakResidual', 'Collective', 'clear_caches',
+    'residuals_at_peak', 'live_at_peak', 'PeakBuffer', 'PeakResidual', 'Collective', 'clear_caches',
 ]

@@ -71,6 +71,8 @@ class MemoryTimeline:
   placed_bytes: tuple[int, ...] | None = None
   """Bytes XLA's placement occupies at each step (see the module); None
   where the buffer assignment is not known."""
+  step_passes: tuple[str, ...] = ()
+  """The pass of each step's instruction (see ``passes``)."""
 
   def live_at(self, step: int | str) -> list[Buffer]:
     """Buffers live at `step`, an index or an instruction name."""
@@ -92,6 +94,25 @@ class MemoryTimeline:
     return live_bytes(len(self.steps), [(b.start, b.end, b.bytes) for b in self.buffers
                                         if b.is_residual and b.memory_space == 0])
 
+  def passes(self) -> list[tuple[int, int, str]]:
+    """The schedule in runs of one pass, ``(first step, last step, pass)``,
+    the pass read from each instruction's JAX name stack: 'forward',
+    'backward', 'recompute' (remat's, inside the backward pass), or ''
+    (no metadata: parameters, copies XLA added)."""
+    runs: list[list] = []
+    for step, name in enumerate(self.step_passes):
+      if runs and (runs[-1][2] == name or not name):
+        runs[-1][1] = step
+      else:
+        runs.append([step, step, name])
+    return [tuple(r) for r in runs]
+
+  @property
+  def backward_start(self) -> int | None:
+    """The first step of the backward pass, if the program has one."""
+    return next((i for i, p in enumerate(self.step_passes)
+                 if p in ('backward', 'recompute')), None)
+
   @property
   def height(self) -> tuple[int, ...]:
     """The curve whose peak is ``peak_bytes``: ``placed_bytes`` where
@@ -101,6 +122,7 @@ class MemoryTimeline:
   def to_dict(self) -> dict[str, Any]:
     """The timeline as plain, JSON-serializable data."""
     return {'steps': list(self.steps), 'live_bytes': list(self.live_bytes),
+            'step_passes': list(self.step_passes),
             'placed_bytes': None if self.placed_bytes is None else list(self.placed_bytes),
             'buffers': [dataclasses.asdict(b) for b in self.buffers],
             'peak_bytes': self.peak_bytes, 'peak_step': self.peak_step}
@@ -130,7 +152,19 @@ def timeline_of(module: HloModule, placement: Placement | None = None) -> Memory
   peak_step = max((i for i, h in enumerate(height) if h == top),
                   key=lambda i: live[i], default=0)
   return MemoryTimeline(tuple(i.name for i in instrs), tuple(live), buffers,
-                        top, peak_step, None if placed is None else tuple(placed))
+                        top, peak_step, None if placed is None else tuple(placed),
+                        tuple(pass_of(i.op_name) for i in instrs))
+
+
+def pass_of(op_name: str) -> str:
+  """The pass an instruction belongs to, from its JAX name stack:
+  ``rematted_computation`` is remat's recompute, ``transpose(...)`` the
+  backward pass, any other name the forward pass."""
+  if not op_name:
+    return ''
+  if 'rematted_computation' in op_name:
+    return 'recompute'
+  return 'backward' if 'transpose(' in op_name else 'forward'
 
 
 def _live(steps: int, buffers) -> list[int]:
