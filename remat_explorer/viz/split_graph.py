@@ -15,6 +15,9 @@ in ``expand=`` to open a collapsed call (each node's tooltip shows its id).
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+from dataclasses import dataclass
 from typing import Iterable
 
 import graphviz
@@ -92,16 +95,41 @@ def split_diagram(report: RematReport, *, block: str | None = None,
 
 
 def to_svg(digraph: graphviz.Digraph) -> str:
-  """Render `digraph` to SVG text with Graphviz's ``dot`` binary."""
-  try:
-    return digraph.pipe(format='svg', encoding='utf-8')
-  except graphviz.ExecutableNotFound as e:
+  """Render `digraph` to SVG text with Graphviz's ``dot`` binary; its
+  warnings are dropped (``render_svg`` keeps them)."""
+  return render_svg(digraph).svg
+
+
+@dataclass(frozen=True)
+class RenderedSvg:
+  svg: str
+  warnings: tuple[str, ...]
+  """What ``dot`` wrote on stderr, one line each, duplicates dropped, e.g.
+  "Warning: Unable to reclaim box space in spline routing ..." (an edge it
+  routed roughly). Kept for a note rather than printed into a notebook."""
+
+
+def render_svg(digraph: graphviz.Digraph) -> RenderedSvg:
+  """Render `digraph` with ``dot -Tsvg``, its stderr captured.
+
+  ``dot`` is run directly rather than through ``graphviz.pipe``, which
+  writes the warnings to ``sys.stderr`` (into the notebook cell).
+  """
+  dot = shutil.which('dot')
+  if dot is None:
     raise RuntimeError(
         'Rendering needs the Graphviz `dot` program, which was not found on '
         'PATH. Install Graphviz (`apt-get install graphviz` on Debian/Ubuntu, '
         '`brew install graphviz` on macOS, `conda install graphviz` in conda). '
         'Without it, the diagram is still available as DOT text: '
-        '`digraph.source`.') from e
+        '`digraph.source`.')
+  run = subprocess.run([dot, '-Tsvg'], input=digraph.source.encode('utf-8'),
+                       capture_output=True, check=False)
+  stderr = run.stderr.decode('utf-8', errors='replace')
+  if run.returncode != 0:
+    raise RuntimeError(f'Graphviz dot failed (exit {run.returncode}): {stderr.strip()}')
+  warnings = tuple(dict.fromkeys(line.strip() for line in stderr.splitlines() if line.strip()))
+  return RenderedSvg(run.stdout.decode('utf-8'), warnings)
 
 
 def _chosen_blocks(report: RematReport, name: str | None) -> list[BlockReport]:
