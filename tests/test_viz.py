@@ -529,6 +529,13 @@ def test_a_click_on_a_collapsed_call_opens_it():
   e.wait(300)
 
 
+def test_a_split_graph_shows_in_a_notebook_as_an_image(problem):
+  # A Digraph's own image/svg+xml is not rendered in an untrusted notebook.
+  bundle = viz.split_graph(analyze(*problem[:1], *problem[1]))._repr_mimebundle_()
+  assert set(bundle) == {'text/html', 'text/plain'}
+  assert '<img class="diagram"' in bundle['text/html'] and '<svg' not in bundle['text/html']
+
+
 def test_static_view_without_widgets(problem):
   report = analyze(*problem[:1], *problem[1])
   html = viz.StaticView(report)._repr_html_()

@@ -33,6 +33,9 @@ CSS = f"""<style>
 .remat-explorer p.warning {{ color: #8a5a00; margin: 0.2em 0; }}
 .remat-explorer p.error {{ color: #b00020; }}
 .remat-explorer button {{ white-space: nowrap; }}
+/* Figures on one line (“153.2 kFLOP”); the last column (notes, source) wraps. */
+.remat-explorer table td {{ white-space: nowrap; }}
+.remat-explorer table td:last-child {{ white-space: normal; min-width: 16em; }}
 </style>"""
 
 

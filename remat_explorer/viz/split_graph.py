@@ -42,9 +42,28 @@ LEGEND_NODES = 6
 _MIN_NODES = 24
 
 
+class SplitDigraph(graphviz.Digraph):
+  """A ``graphviz.Digraph`` that a notebook shows as an image.
+
+  ``graphviz.Digraph`` shows as ``image/svg+xml``, which JupyterLab renders
+  only in a trusted notebook (a committed notebook opens as text), and it
+  prints ``dot``'s warnings into the cell. This shows the SVG as an
+  ``<img>`` in HTML, which the sanitizer of an untrusted notebook keeps, at
+  natural size, with the warnings folded into a note.
+  """
+
+  def _repr_mimebundle_(self, include=None, exclude=None, **_):
+    from remat_explorer.viz.embed import render_diagram
+    from remat_explorer.viz.viewer import svg_img_html
+    diagram = render_diagram(self)
+    image = svg_img_html(diagram.svg) if diagram.svg else ''
+    return {'text/html': image + diagram.notes_html, 'text/plain': repr(self)}
+
+
 def split_graph(report: RematReport, *, block: str | None = None,
-                max_nodes: int = 300, expand: Iterable[str] = ()) -> graphviz.Digraph:
-  """The split of `report`'s remat blocks as a ``graphviz.Digraph``.
+                max_nodes: int = 300, expand: Iterable[str] = ()) -> SplitDigraph:
+  """The split of `report`'s remat blocks as a ``graphviz.Digraph``
+  (``SplitDigraph``: shown in a notebook as an image).
 
   The drawing of ``split_diagram(report, ...)``; the arguments are its.
   """
@@ -224,10 +243,10 @@ def _name_list(names: list[str], shown: int = 4) -> str:
 
 # -- Graphviz ------------------------------------------------------------------
 
-def _emit(diagram: Diagram) -> graphviz.Digraph:
+def _emit(diagram: Diagram) -> SplitDigraph:
   title = html_text(diagram.title)
   notes = ''.join(f'<br/><font point-size="10">{html_text(n)}</font>' for n in diagram.notes)
-  g = graphviz.Digraph(
+  g = SplitDigraph(
       'remat_split',
       graph_attr=dict(label=f'<<b>{title}</b>{notes}>', labelloc='t', fontname='Helvetica',
                       compound='true', rankdir='TB', nodesep='0.25', ranksep='0.35'),
