@@ -37,8 +37,9 @@ function button(label, title, onClick) {
 // Mounts a viewer in `host`; returns {show(svg), fit(), natural(), destroy()}.
 // `show` takes SVG text or an <svg> element already in the page.
 // `onClick(id)` gets the id of a clicked Graphviz node (<g class="node">);
-// a drag that ends on a node is not a click (d3-zoom swallows it).
-function mountViewer(host, {onClick} = {}) {
+// a drag that ends on a node is not a click (d3-zoom swallows it). `focus`:
+// the title of the cluster the natural view starts at.
+function mountViewer(host, {onClick, focus = 'cluster_forward'} = {}) {
   host.classList.add('remat-viewer');
   const bar = document.createElement('div');
   bar.className = 'remat-viewer-bar';
@@ -48,16 +49,34 @@ function mountViewer(host, {onClick} = {}) {
   readout.className = 'remat-viewer-zoom';
   let current = null;  // {svg, layer, zoom, geometry, touched}
 
+  // Where the natural view starts: the top left of the forward pass, the
+  // start of the program, wherever the layout put it (in layer units).
+  const focusPoint = () => {
+    const title = Array.from(current.layer.querySelectorAll('g.cluster > title'))
+        .find((t) => t.textContent === focus);
+    if (!title) return {x: 0, y: 0};
+    const cluster = title.parentNode;
+    const box = cluster.getBBox();
+    const m = current.layer.getCTM().inverse().multiply(cluster.getCTM());
+    return {x: box.x * m.a + box.y * m.c + m.e, y: box.x * m.b + box.y * m.d + m.f};
+  };
+
   const transformFor = (which) => {
     const g = current.geometry;
     const width = stage.clientWidth, height = stage.clientHeight;
-    let k = g.scale;
     if (which === 'fit') {
-      k = Math.min((width - 2 * MARGIN) / g.width, (height - 2 * MARGIN) / g.height, g.scale);
+      const k = Math.min((width - 2 * MARGIN) / g.width, (height - 2 * MARGIN) / g.height,
+                         g.scale);
+      return d3.zoomIdentity.translate((width - g.width * k) / 2,
+                                       Math.max((height - g.height * k) / 2, MARGIN)).scale(k);
     }
-    // Centred across when it fits the width, else from the left; from the top.
-    const x = Math.max((width - g.width * k) / 2, MARGIN);
-    const y = which === 'fit' ? Math.max((height - g.height * k) / 2, MARGIN) : MARGIN;
+    // Natural size: centred across when it fits the width; else from the
+    // forward pass's left edge. From the top, or from just above the
+    // forward pass where it starts lower down.
+    const k = g.scale, p = focusPoint();
+    const x = g.width * k <= width ? (width - g.width * k) / 2
+                                   : MARGIN - Math.max(0, p.x * k - 3 * MARGIN);
+    const y = MARGIN - Math.max(0, p.y * k - 5 * MARGIN);
     return d3.zoomIdentity.translate(x, y).scale(k);
   };
   const place = (which) => {
