@@ -203,8 +203,10 @@ def _check_viewer(page, viewer):
   stage = viewer.locator('.remat-viewer-stage')
   stage.scroll_into_view_if_needed()
   box = stage.bounding_box()
+  # Hovering waits until the stage is still and is what the pointer hits.
+  spot = {'x': box['width'] / 2, 'y': min(box['height'] / 2, 200)}
   before = _transform(viewer)
-  page.mouse.move(box['x'] + box['width'] / 2, box['y'] + min(box['height'] / 2, 200))
+  stage.hover(position=spot)
   page.mouse.wheel(0, 400)
   page.wait_for_function(
       "([el, old]) => el.getAttribute('transform') !== old",
@@ -213,8 +215,9 @@ def _check_viewer(page, viewer):
   assert zoomed < _scale(before), (before, _transform(viewer))
 
   before = _transform(viewer)
-  x, y = box['x'] + box['width'] / 2, box['y'] + min(box['height'] / 2, 200)
-  page.mouse.move(x, y)
+  stage.hover(position=spot)
+  box = stage.bounding_box()
+  x, y = box['x'] + spot['x'], box['y'] + spot['y']
   page.mouse.down()
   page.mouse.move(x - 120, y - 80, steps=6)
   page.mouse.up()
@@ -310,22 +313,31 @@ def test_explorer_in_jupyterlab(lab, browser, tmp_path):
   # A click on a diagram node reaches Python (the hook for opening groups).
   explorer.get_by_role('tab', name='Split diagram').click()
   viewer = explorer.locator('.remat-viewer').first
+  viewer.locator('.remat-viewer-stage').hover()  # in view, still
   node = page.evaluate("""(viewer) => {
     const stage = viewer.querySelector('.remat-viewer-stage').getBoundingClientRect();
     for (const g of viewer.querySelectorAll('g.node')) {
       const r = g.getBoundingClientRect();
+      const x = (r.left + r.right) / 2, y = (r.top + r.bottom) / 2;
+      const hit = document.elementFromPoint(x, y);  // not under an edge or label
       if (r.left > stage.left && r.right < stage.right && r.top > stage.top
-          && r.bottom < stage.bottom) return {id: g.id, x: (r.left + r.right) / 2,
-                                              y: (r.top + r.bottom) / 2};
+          && r.bottom < stage.bottom && hit && hit.closest('g.node') === g) {
+        return {id: g.id, x, y};
+      }
     }
     return null;
   }""", viewer.element_handle())
   assert node, 'no node in view'
+  page.mouse.move(node['x'], node['y'])
   page.mouse.click(node['x'], node['y'])
-  page.wait_for_function(  # the click went out (and any redraw came back)
-      "() => document.querySelector('.remat-explorer .remat-zoom-layer')", timeout=30_000)
-  assert _kernel_print(page, 'print(explorer.diagram.clicked, explorer.diagram.click_count)'
-                       ).split() == [node['id'], '1']
+  # The widget may hold the change until the kernel is idle: ask until it
+  # has arrived (each answer idles the kernel), within a bound.
+  deadline, seen = time.monotonic() + 60, None
+  while time.monotonic() < deadline:
+    seen = _kernel_print(page, 'print(explorer.diagram.clicked, explorer.diagram.click_count)')
+    if seen.split() != ['0']:
+      break
+  assert seen.split() == [node['id'], '1'], (node, seen)
 
   _check_nothing_cut_and_no_escapes(page, explorer)
 
