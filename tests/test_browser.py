@@ -1,18 +1,29 @@
 """The Explorer and the HTML report in a real browser (Debian's Chromium).
 
 JupyterLab 4, then the classic notebook interface (Notebook 7), is started on
-a free loopback port with a token; Playwright drives Chromium through the
-first tutorial: run all cells, then check on the page that the widget
-rendered, that its diagram is an SVG with the forward and backward clusters,
-that switching the policy changes the residual table and that the compiled
-costs arrive. Without Chromium these tests fail and say how to install it.
+a free loopback port with a token, on a temporary copy of the notebooks and
+with its own settings (news and update checks off: their notifications cover
+the page), configuration and data folders. Playwright drives Chromium
+through the first tutorial: run all cells, then check on the page that the
+widget rendered, that its diagram pans and zooms with readable text, that
+the policy control drives the views (with the old figures marked while a
+compile runs), that a click on a diagram node reaches Python, that no button
+is cut and no terminal escape shows. A notebook executed elsewhere, opened
+untrusted, shows its diagrams as images. Every wait is for a condition on
+the page, never a fixed time. Without Chromium these tests fail and say how
+to install it.
+
+The screenshot of the Explorer goes to a temporary file;
+``REMAT_UPDATE_SCREENSHOT=1`` also writes it to ``docs/explorer.png``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -24,8 +35,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = '/usr/bin/chromium'
-SCREENSHOT = ROOT / 'docs' / 'explorer.png'
+DOCS_SCREENSHOT = ROOT / 'docs' / 'explorer.png'
 BROKEN_WIDGET = ('Error displaying widget', 'Failed to load model')
+MIN_TEXT_PX = 11
+# No notification toasts over the page: no news, no update checks, none shown.
+LAB_SETTINGS = {'@jupyterlab/apputils-extension/notification.jupyterlab-settings': {
+    'fetchNews': 'false', 'checkForUpdates': False, 'doNotDisturbMode': True}}
+UNTRUSTED_NOTEBOOK = 'untrusted.ipynb'
 
 
 def _require_chromium():
@@ -53,37 +69,66 @@ def browser():
     browser.close()
 
 
+def _jupyter_home(tmp_path_factory) -> tuple[Path, dict]:
+  """A folder of its own for one Jupyter server: notebooks, settings,
+  workspaces, configuration, data (the notebook trust database) and
+  runtime files, so parallel servers and the user's own never meet."""
+  home = tmp_path_factory.mktemp('jupyter')
+  notebooks = home / 'notebooks'
+  shutil.copytree(ROOT / 'notebooks', notebooks)
+  for name, settings in LAB_SETTINGS.items():
+    path = home / 'settings' / name
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(settings))
+  env = dict(os.environ,
+             JUPYTERLAB_SETTINGS_DIR=str(home / 'settings'),
+             JUPYTERLAB_WORKSPACES_DIR=str(home / 'workspaces'),
+             JUPYTER_CONFIG_DIR=str(home / 'config'),
+             JUPYTER_DATA_DIR=str(home / 'data'),
+             JUPYTER_RUNTIME_DIR=str(home / 'runtime'),
+             # The kernel imports this checkout.
+             PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get('PYTHONPATH', '')]))
+  return notebooks, env
+
+
 def _serve(app: str, tmp_path_factory):
   """Start `jupyter <app>` on a free loopback port with a token; yield
-  (base URL, token) while it runs."""
+  (base URL, token, notebook folder) while it runs."""
   port, token = _free_port(), secrets.token_hex(16)
-  runtime = tmp_path_factory.mktemp('jupyter-runtime')
-  env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(runtime), JUPYTER_TOKEN=token)
+  notebooks, env = _jupyter_home(tmp_path_factory)
+  env['JUPYTER_TOKEN'] = token
   app_class = {'lab': 'LabApp', 'notebook': 'JupyterNotebookApp'}[app]
+  log = open(notebooks.parent / 'server.log', 'wb')
   process = subprocess.Popen(
       [sys.executable, '-m', 'jupyter', app, '--no-browser',
        '--ServerApp.ip=127.0.0.1', f'--ServerApp.port={port}',
-       '--ServerApp.port_retries=0', f'--ServerApp.root_dir={ROOT / "notebooks"}',
+       '--ServerApp.port_retries=0', f'--ServerApp.root_dir={notebooks}',
        f'--{app_class}.expose_app_in_browser=True', '--ServerApp.disable_check_xsrf=False',
+       *(['--LabApp.news_url=None',
+          '--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate']
+         if app == 'lab' else []),
        *(['--allow-root'] if os.geteuid() == 0 else [])],
-      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+      env=env, stdout=log, stderr=subprocess.STDOUT)
   base = f'http://127.0.0.1:{port}'
-  deadline = time.time() + 90
-  while time.time() < deadline and process.poll() is None:
+  deadline = time.monotonic() + 120
+  while time.monotonic() < deadline and process.poll() is None:
     try:
       urllib.request.urlopen(f'{base}/api/status?token={token}', timeout=2)
       break
     except OSError:
-      time.sleep(0.5)
+      time.sleep(0.25)  # polling for the server to answer
   else:
     process.kill()
-    pytest.fail(f'jupyter {app} did not start: ' + process.stdout.read().decode()[-2000:])
-  yield base, token
+    log.close()
+    pytest.fail(f'jupyter {app} did not start: '
+                + (notebooks.parent / 'server.log').read_text()[-2000:])
+  yield base, token, notebooks
   process.terminate()
   try:
     process.wait(timeout=20)
   except subprocess.TimeoutExpired:
     process.kill()
+  log.close()
 
 
 @pytest.fixture(scope='module')
@@ -97,25 +142,103 @@ def classic_notebook(tmp_path_factory):
 
 
 def test_lab_refuses_requests_without_the_token(lab):
-  base, _ = lab
+  base, _, _ = lab
   with pytest.raises(urllib.error.HTTPError) as e:
     urllib.request.urlopen(f'{base}/api/contents', timeout=5)
   assert e.value.code == 403
 
 
-def _run_all_cells(page, url):
+_KERNEL = ('window.jupyterapp.shell.currentWidget.sessionContext.session'
+           ' && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel')
+
+
+def _open(page, url):
   page.goto(url)
-  page.wait_for_function('window.jupyterapp && window.jupyterapp.shell', timeout=60_000)
-  page.wait_for_selector('.jp-Notebook', timeout=60_000)
-  # Wait for the kernel, then run every cell.
-  page.wait_for_function(
-      "document.querySelector('.jp-Notebook') && "
-      "window.jupyterapp.shell.currentWidget && "
-      "window.jupyterapp.shell.currentWidget.sessionContext.session && "
-      "window.jupyterapp.shell.currentWidget.sessionContext.session.kernel && "
-      "window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle'",
-      timeout=120_000)
+  page.wait_for_function('window.jupyterapp && window.jupyterapp.shell', timeout=90_000)
+  page.wait_for_selector('.jp-Notebook', timeout=90_000)
+
+
+def _run_all_cells(page, url):
+  _open(page, url)
+  page.wait_for_function(f"{_KERNEL} && ({_KERNEL}).status === 'idle'", timeout=180_000)
   page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+
+
+def _kernel_print(page, code: str) -> str:
+  """What `code` prints, run in the notebook's kernel (after any queued cells)."""
+  return page.evaluate(f"""async ([code]) => {{
+    const kernel = {_KERNEL};
+    const future = kernel.requestExecute({{code, store_history: false}});
+    let out = '';
+    future.onIOPub = (msg) => {{
+      if (msg.header.msg_type === 'stream') out += msg.content.text;
+      if (msg.header.msg_type === 'error') out += msg.content.ename + ': ' + msg.content.evalue;
+    }};
+    await future.done;
+    return out;
+  }}""", [code])
+
+
+def _transform(viewer) -> str:
+  return viewer.locator('.remat-zoom-layer').get_attribute('transform')
+
+
+def _check_viewer(page, viewer):
+  """The diagram shows at a readable size; the wheel zooms, a drag pans,
+  the fit button shows it whole. Returns the smallest label's size (px)."""
+  layer = viewer.locator('.remat-zoom-layer')
+  layer.wait_for(timeout=60_000)
+  smallest = page.evaluate("""(viewer) => {
+    const stage = viewer.querySelector('.remat-viewer-stage').getBoundingClientRect();
+    const sizes = [];
+    for (const t of viewer.querySelectorAll('g.node text')) {
+      const r = t.getBoundingClientRect();
+      if (r.width === 0 || r.bottom < stage.top || r.top > stage.bottom) continue;
+      sizes.push(parseFloat(getComputedStyle(t).fontSize) * t.getScreenCTM().a);
+    }
+    return sizes.length ? Math.min(...sizes) : 0;
+  }""", viewer.element_handle())
+  assert smallest >= MIN_TEXT_PX, f'smallest node label on screen: {smallest:.1f} px'
+
+  stage = viewer.locator('.remat-viewer-stage')
+  stage.scroll_into_view_if_needed()
+  box = stage.bounding_box()
+  # Hovering waits until the stage is still and is what the pointer hits.
+  spot = {'x': box['width'] / 2, 'y': min(box['height'] / 2, 200)}
+  before = _transform(viewer)
+  stage.hover(position=spot)
+  page.mouse.wheel(0, 400)
+  page.wait_for_function(
+      "([el, old]) => el.getAttribute('transform') !== old",
+      arg=[layer.element_handle(), before], timeout=10_000)
+  zoomed = _scale(_transform(viewer))
+  assert zoomed < _scale(before), (before, _transform(viewer))
+
+  before = _transform(viewer)
+  stage.hover(position=spot)
+  box = stage.bounding_box()
+  x, y = box['x'] + spot['x'], box['y'] + spot['y']
+  page.mouse.down()
+  page.mouse.move(x - 120, y - 80, steps=6)
+  page.mouse.up()
+  assert _transform(viewer) != before and _scale(_transform(viewer)) == zoomed
+
+  viewer.get_by_role('button', name='fit').click()
+  assert _scale(_transform(viewer)) <= 4 / 3
+  inside = page.evaluate("""(viewer) => {
+    const stage = viewer.querySelector('.remat-viewer-stage').getBoundingClientRect();
+    const drawn = viewer.querySelector('.remat-zoom-layer').getBoundingClientRect();
+    return drawn.left >= stage.left - 1 && drawn.right <= stage.right + 1
+        && drawn.top >= stage.top - 1 && drawn.bottom <= stage.bottom + 1;
+  }""", viewer.element_handle())
+  assert inside, 'the fitted diagram is not wholly in view'
+  viewer.get_by_role('button', name='100%').click()
+  assert _scale(_transform(viewer)) == pytest.approx(4 / 3)
+  return smallest
+
+
+def _scale(transform: str) -> float:
+  return float(re.search(r'scale\(([\d.e-]+)\)', transform).group(1))
 
 
 def _check_explorer(page):
@@ -125,28 +248,35 @@ def _check_explorer(page):
   explorer.wait_for(timeout=240_000)
   for tab in ('Split diagram', 'Residuals', 'Costs', 'Compare', 'Program'):
     assert explorer.get_by_text(tab, exact=True).count() >= 1, tab
-  svg = explorer.locator('.remat-split svg').first
+  svg = explorer.locator('.remat-viewer svg').first
   svg.wait_for(timeout=60_000)
   cluster_titles = svg.locator('g.cluster > title').all_text_contents()
   assert any('forward' in t for t in cluster_titles), cluster_titles
   assert any('backward' in t for t in cluster_titles), cluster_titles
+  _check_viewer(page, explorer.locator('.remat-viewer').first)
 
-  # The residual table follows the policy control.
+  # The residual table follows the policy control; the compiled costs
+  # follow from the kernel's background thread, the old ones greyed and
+  # labelled meanwhile, an indeterminate bar (one compile) running.
   explorer.get_by_role('tab', name='Residuals').click()
   table = explorer.locator('.remat-residuals').first
   table.wait_for(timeout=60_000)
   before = table.inner_text()
+  page.wait_for_function(  # the first compile is done
+      "() => !document.querySelector('.remat-explorer .remat-task')", timeout=240_000)
   explorer.locator('.remat-policy select').select_option('everything_saveable')
+  explorer.locator('.remat-stale .remat-costs').first.wait_for(state='attached',
+                                                               timeout=60_000)
+  explorer.locator('.remat-task progress:not([value])').wait_for(timeout=60_000)
   page.wait_for_function(
       "([old]) => { const t = document.querySelector('.remat-explorer .remat-residuals');"
       " return t && t.innerText !== old; }", arg=[before], timeout=60_000)
   assert 'everything_saveable' in table.inner_text()
-
-  # The compiled costs arrive from the kernel's background thread.
   explorer.get_by_role('tab', name='Costs').click()
   page.wait_for_function(
       "() => { const e = document.querySelector('.remat-explorer .remat-costs');"
-      " return e && e.innerText.includes('peak bytes'); }", timeout=120_000)
+      " return e && e.innerText.includes('compiled under everything_saveable')"
+      " && !e.closest('.remat-stale'); }", timeout=180_000)
 
   content = page.content()
   for message in BROKEN_WIDGET:
@@ -154,31 +284,134 @@ def _check_explorer(page):
   return explorer
 
 
-def test_explorer_in_jupyterlab(lab, browser):
-  base, token = lab
-  page = browser.new_page(viewport={'width': 1500, 'height': 1100})
+def _check_nothing_cut_and_no_escapes(page, explorer):
+  """After a comparison (its policy buttons on the page): every button shows
+  its whole text, and no terminal escape is anywhere in the widget."""
+  explorer.get_by_role('tab', name='Compare').click()
+  explorer.get_by_role('button', name='compare all policies').click()
+  # A comparison counts its compiles: a determinate bar.
+  explorer.locator('.remat-task progress[max]').wait_for(timeout=120_000)
+  page.wait_for_function(
+      "() => document.querySelectorAll('.remat-explorer .widget-toggle-button').length > 3"
+      " && !document.querySelector('.remat-explorer .remat-task')", timeout=300_000)
+  cut = page.evaluate("""() => Array.from(document.querySelectorAll('.remat-explorer button'))
+      .filter(b => b.offsetParent !== null && b.scrollWidth > b.clientWidth)
+      .map(b => b.innerText)""")
+  assert cut == [], f'buttons whose text is cut: {cut}'
+  explorer.get_by_role('tab', name='Program').click()
+  explorer.locator('.remat-jaxpr').first.wait_for(timeout=30_000)
+  text = page.evaluate("() => document.querySelector('.remat-explorer').textContent")
+  assert '\x1b[' not in text and '[35m' not in text and '\ufffd' not in text
+
+
+def test_explorer_in_jupyterlab(lab, browser, tmp_path):
+  base, token, _ = lab
+  page = browser.new_page(viewport={'width': 1440, 'height': 900})
   _run_all_cells(page, f'{base}/lab/tree/01_remat_basics.ipynb?token={token}')
   explorer = _check_explorer(page)
-  SCREENSHOT.parent.mkdir(exist_ok=True)
-  for dismiss in page.get_by_role('button', name='No').all():
-    dismiss.click()  # JupyterLab's "get notified about news?" toast
+
+  # A click on a diagram node reaches Python (the hook for opening groups).
+  explorer.get_by_role('tab', name='Split diagram').click()
+  viewer = explorer.locator('.remat-viewer').first
+  viewer.locator('.remat-viewer-stage').hover()  # in view, still
+  node = page.evaluate("""(viewer) => {
+    const stage = viewer.querySelector('.remat-viewer-stage').getBoundingClientRect();
+    for (const g of viewer.querySelectorAll('g.node')) {
+      const r = g.getBoundingClientRect();
+      const x = (r.left + r.right) / 2, y = (r.top + r.bottom) / 2;
+      const hit = document.elementFromPoint(x, y);  // not under an edge or label
+      if (r.left > stage.left && r.right < stage.right && r.top > stage.top
+          && r.bottom < stage.bottom && hit && hit.closest('g.node') === g) {
+        return {id: g.id, x, y};
+      }
+    }
+    return null;
+  }""", viewer.element_handle())
+  assert node, 'no node in view'
+  page.mouse.move(node['x'], node['y'])
+  page.mouse.click(node['x'], node['y'])
+  # The widget may hold the change until the kernel is idle: ask until it
+  # has arrived (each answer idles the kernel), within a bound.
+  deadline, seen = time.monotonic() + 60, None
+  while time.monotonic() < deadline:
+    seen = _kernel_print(page, 'print(explorer.diagram.clicked, explorer.diagram.click_count)')
+    if seen.split() != ['0']:
+      break
+  assert seen.split() == [node['id'], '1'], (node, seen)
+
+  _check_nothing_cut_and_no_escapes(page, explorer)
+
+  # The screenshot: of the diagram tab, at rest.
   page.evaluate("window.jupyterapp.shell.collapseLeft()")
   explorer.get_by_role('tab', name='Split diagram').click()
-  page.wait_for_timeout(500)
-  explorer.screenshot(path=str(SCREENSHOT))
-  assert SCREENSHOT.stat().st_size > 10_000
+  viewer.get_by_role('button', name='100%').click()
+  page.wait_for_function("document.fonts.status === 'loaded'")
+  shot = tmp_path / 'explorer.png'
+  explorer.screenshot(path=str(shot))
+  assert shot.stat().st_size > 10_000
+  if os.environ.get('REMAT_UPDATE_SCREENSHOT') == '1':
+    shutil.copyfile(shot, DOCS_SCREENSHOT)
   page.close()
 
 
 def test_explorer_in_the_classic_notebook(classic_notebook, browser):
-  base, token = classic_notebook
-  page = browser.new_page(viewport={'width': 1400, 'height': 1000})
+  base, token, _ = classic_notebook
+  page = browser.new_page(viewport={'width': 1440, 'height': 900})
   _run_all_cells(page, f'{base}/notebooks/01_remat_basics.ipynb?token={token}')
   _check_explorer(page)
   page.close()
 
 
-def test_static_report_renders_its_diagrams_and_charts(browser, tmp_path):
+def _executed_notebook(path: Path) -> None:
+  """Execute a small notebook (an Explorer and a diagram) and save it with
+  its outputs, as `make notebooks` saves the tutorials: unsigned."""
+  import nbformat
+  from nbclient import NotebookClient
+  source = ('import remat_explorer as rx\n'
+            'from remat_explorer import examples, viz\n'
+            'from remat_explorer.analysis import analyze\n'
+            'loss_fn, (params, batch) = examples.mlp(num_layers=3, width=32, batch=8)\n'
+            'explorer = rx.explore(loss_fn, params, batch)\n'
+            'explorer')
+  notebook = nbformat.v4.new_notebook(cells=[
+      nbformat.v4.new_code_cell(source),
+      nbformat.v4.new_code_cell('viz.split_graph(analyze(loss_fn, params, batch))')])
+  notebook.metadata['kernelspec'] = {'name': 'python3', 'display_name': 'Python 3',
+                                     'language': 'python'}
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+      [str(ROOT), os.environ.get('PYTHONPATH', '')]))
+  NotebookClient(notebook, timeout=120, kernel_name='python3',
+                 resources={'metadata': {'path': str(path.parent)}}).execute(env=env)
+  nbformat.write(notebook, path)
+
+
+def test_a_saved_notebook_opened_untrusted_shows_its_diagrams_as_images(lab, browser):
+  base, token, notebooks = lab
+  _executed_notebook(notebooks / UNTRUSTED_NOTEBOOK)
+  page = browser.new_page(viewport={'width': 1440, 'height': 900})
+  _open(page, f'{base}/lab/tree/{UNTRUSTED_NOTEBOOK}?token={token}')
+  outputs = page.locator('.jp-OutputArea-output')
+  page.wait_for_function(
+      "() => document.querySelectorAll('.jp-OutputArea-output img.diagram').length >= 2"
+      " && Array.from(document.querySelectorAll('.jp-OutputArea-output img.diagram'))"
+      "      .every(i => i.complete && i.naturalWidth > 0)", timeout=60_000)
+  trusted = page.evaluate("""() => {
+    const cells = window.jupyterapp.shell.currentWidget.content.model.cells;
+    return Array.from({length: cells.length}, (_, i) => cells.get(i).trusted);
+  }""")
+  assert trusted == [False, False]
+  images = page.evaluate("""() => Array.from(
+      document.querySelectorAll('.jp-OutputArea-output img.diagram'))
+      .map(i => [i.naturalWidth, i.getBoundingClientRect().width])""")
+  for natural, shown in images:
+    assert natural > 300 and shown == pytest.approx(natural, abs=1), images  # not shrunk
+  text = outputs.all_inner_texts()
+  assert not any('cluster_forward' in t or '->' in t for t in text), text
+  assert page.locator('.remat-residual-table').count() >= 1
+  page.close()
+
+
+def test_static_report_pans_and_zooms_its_diagram(browser, tmp_path):
   from remat_explorer import examples
   from remat_explorer.analysis import compare
   from remat_explorer.viz.html_report import report_html
@@ -186,13 +419,18 @@ def test_static_report_renders_its_diagrams_and_charts(browser, tmp_path):
   comparison = compare(loss_fn, *args)
   path = tmp_path / 'report.html'
   path.write_text(report_html(comparison, comparison.row('dots_saveable').report))
-  page = browser.new_page()
+  page = browser.new_page(viewport={'width': 1440, 'height': 900})
+  errors = []
+  page.on('pageerror', lambda e: errors.append(str(e)))
   page.goto(path.as_uri())
   assert page.locator('svg g.cluster').count() >= 2
+  _check_viewer(page, page.locator('.remat-viewer').first)
   charts = page.locator('img.chart')
   assert charts.count() >= 3
   widths = page.evaluate(
       "Array.from(document.querySelectorAll('img.chart')).map(i => i.naturalWidth)")
   assert all(w > 100 for w in widths), widths
   assert re.search(r'Policies compared', page.inner_text('body'))
+  assert '\x1b[' not in page.evaluate('document.body.textContent')
+  assert errors == []
   page.close()

@@ -14,7 +14,7 @@ import pytest
 import remat_explorer as rx
 from remat_explorer import examples, viz
 from remat_explorer.analysis import analyze, compare, search_policy
-from remat_explorer.viz import charts, tables
+from remat_explorer.viz import _labels, _panels, charts, tables
 from remat_explorer.viz.explorer import _NAMED
 from remat_explorer.viz.text import byte_unit
 
@@ -82,8 +82,6 @@ def test_pareto_chart_has_a_point_per_policy_and_the_front(comparison):
   fig = viz.plot_pareto(comparison, selected='dots_saveable')
   ax = fig.axes[0]
   points = charts.pareto_points(comparison)
-  labels = [t.get_text() for t in ax.texts]
-  assert sorted(labels) == sorted(charts.short_label(p[0]) for p in points)
   front_line = [l for l in ax.get_lines() if l.get_label() == 'Pareto front']
   assert len(front_line) == 1
   front = sorted((p[1], p[2]) for p in points if p[3])
@@ -95,6 +93,81 @@ def test_pareto_chart_has_a_point_per_policy_and_the_front(comparison):
     dominated = any(p2 <= peak and f2 <= flops and (p2, f2) != (peak, flops)
                     for _, p2, f2, _ in points)
     assert on_front == (not dominated)
+
+
+def _drawn(fig):
+  fig.canvas.draw()
+  return fig.canvas.get_renderer()
+
+
+def test_pareto_labels_name_every_policy_once_and_never_overlap(comparison):
+  fig = viz.plot_pareto(comparison, selected='dots_saveable')
+  ax = fig.axes[0]
+  renderer = _drawn(fig)
+  texts = [t for t in ax.texts if t.get_visible()]
+  footnote = fig._supxlabel.get_text() if fig._supxlabel is not None else ''
+  entries = [t.get_text() for t in texts if not t.get_text().isdigit()]
+  entries += [line.split(': ', 1)[1] for line in footnote.splitlines() if line]
+  names = [charts.short_label(p[0]) for p in charts.pareto_points(comparison)]
+  # Every policy named once, in a label or in the footnote.
+  assert sorted(', '.join(entries).split(', ')) == sorted(', '.join(names).split(', '))
+  assert len(texts) <= len({(p[1], p[2]) for p in charts.pareto_points(comparison)})
+  boxes = [t.get_window_extent(renderer) for t in texts]
+  assert _labels.boxes_overlap(boxes) == [], [t.get_text() for t in texts]
+  area = ax.get_window_extent(renderer)
+  assert all(area.contains(b.x0, b.y0) and area.contains(b.x1, b.y1) for b in boxes)
+
+
+def test_policies_on_one_point_share_one_label(comparison):
+  # Three policies compiled to the same peak and FLOPs, as happens when XLA
+  # merges the recompute away.
+  import dataclasses
+  first = comparison.rows[1]
+  rows = [dataclasses.replace(r, peak_bytes=first.peak_bytes, flops=first.flops)
+          if r.label in ('nothing_saveable', 'dots_saveable', 'everything_saveable') else r
+          for r in comparison.rows]
+  ax = viz.plot_pareto(dataclasses.replace(comparison, rows=tuple(rows))).axes[0]
+  labels = [t.get_text() for t in ax.texts]
+  assert 'nothing_saveable, dots_saveable, everything_saveable' in labels
+  assert len(labels) == len(rows) - 2
+
+
+def test_crowded_labels_become_numbers_listed_under_the_chart():
+  from matplotlib.figure import Figure
+  fig = Figure(figsize=(3, 2), layout='constrained')
+  charts.FigureCanvasAgg(fig)
+  ax = fig.add_subplot()
+  points = [(f'a rather long policy label {i}', i * 0.02, i * 0.02) for i in range(8)]
+  ax.scatter([p[1] for p in points], [p[2] for p in points])
+  groups = _labels.group_points(points, tolerance=0.0)
+  footnotes = _labels.label_points(ax, groups)
+  assert footnotes and all(re.fullmatch(r'\d+: a rather long policy label \d', f)
+                           for f in footnotes)
+  renderer = _drawn(fig)
+  assert _labels.boxes_overlap([t.get_window_extent(renderer) for t in ax.texts
+                                if not t.get_text().isdigit()]) == []
+  assert '1: ' in fig._supxlabel.get_text()
+
+
+def test_coinciding_points_are_grouped():
+  groups = _labels.group_points([('a', 1.0, 1.0), ('b', 2.0, 5.0), ('c', 1.0, 1.0),
+                                 ('d', 1.001, 1.0)])
+  assert [g.labels for g in groups] == [['a', 'c', 'd'], ['b']]
+
+
+@pytest.mark.parametrize('plot', ['pareto', 'breakdown', 'timeline'])
+def test_legends_sit_outside_the_data(comparison, plot):
+  fig = {'pareto': lambda: viz.plot_pareto(comparison, selected='dots_saveable'),
+         'breakdown': lambda: viz.plot_memory_breakdown(comparison),
+         'timeline': lambda: viz.plot_memory_timeline(
+             {r.label: r.costs for r in comparison.rows[:2]})}[plot]()
+  renderer = _drawn(fig)
+  legends = [l for l in fig.legends] + [ax.get_legend() for ax in fig.axes if ax.get_legend()]
+  assert legends
+  for legend in legends:
+    box = legend.get_window_extent(renderer)
+    for ax in fig.axes:
+      assert not box.overlaps(ax.get_window_extent(renderer)), plot
 
 
 def test_pareto_chart_marks_the_searched_policy(problem):
@@ -119,17 +192,35 @@ def test_residuals_by_origin_groups_every_byte():
   assert report.policy in ax.get_title() or charts.short_label(report.policy) in ax.get_title()
 
 
-def test_memory_timeline_overlays_policies(comparison):
-  chosen = {r.label: r.costs for r in comparison.rows[:3]}
-  ax = viz.plot_memory_timeline(chosen).axes[0]
+def test_memory_timeline_overlays_two_policies(comparison):
+  chosen = {r.label: r.costs for r in comparison.rows[:2]}
+  ax, = viz.plot_memory_timeline(chosen).axes
   lines = [l for l in ax.get_lines() if '(peak' in l.get_label()]
-  assert len(lines) == 3
+  assert len(lines) == 2
   scale = byte_unit(max(c.timeline.peak_bytes for c in chosen.values()))
   for line, costs in zip(lines, chosen.values()):
     assert np.max(line.get_ydata()) == pytest.approx(costs.timeline.peak_bytes / scale)
     residual = np.array(costs.timeline.residual_bytes_by_step())
     assert np.all(residual <= np.array(costs.timeline.live_bytes))
   assert 'residual' in ax.get_title()
+
+
+def test_memory_timeline_of_many_policies_gets_a_panel_each(comparison):
+  chosen = {r.label: r.costs for r in comparison.rows if not r.failed}
+  assert len(chosen) > charts.OVERLAY_AT_MOST
+  fig = viz.plot_memory_timeline(chosen, reference='no remat')
+  panels = [ax for ax in fig.axes if ax.get_visible()]
+  assert len(panels) == len(chosen) - 1  # the reference is in every panel instead
+  scale = byte_unit(max(c.timeline.peak_bytes for c in chosen.values()))
+  for ax, (label, costs) in zip(panels, [(k, c) for k, c in chosen.items()
+                                         if k != 'no remat']):
+    assert ax.get_title().startswith(charts.short_label(label))
+    lines = ax.get_lines()
+    assert len(lines) == 2  # this policy, and no remat in grey
+    assert np.max(lines[1].get_ydata()) == pytest.approx(costs.timeline.peak_bytes / scale)
+    assert np.max(lines[0].get_ydata()) == pytest.approx(
+        chosen['no remat'].timeline.peak_bytes / scale)
+  assert 'no remat' in fig._suptitle.get_text()
 
 
 def test_per_device_memory_chart_of_a_one_device_comparison(comparison):
@@ -203,8 +294,36 @@ def test_report_has_every_section(comparison):
     assert f'<h2>{heading}</h2>' in document
   assert document.count('<img class="chart"') >= 4
   assert '<svg' in document and 'cluster' in document
-  assert '<script' not in document
-  assert 'src="http' not in document  # self-contained
+  # The diagram sits in the pan-and-zoom viewer, whose script is inlined:
+  # nothing is fetched (no CDN), once per document.
+  assert document.count('class="remat-viewer-static"') == 1
+  assert document.count('<script>') == 1 and 'mountStatic(document)' in document
+  assert 'src="http' not in document and '<script src' not in document
+  assert '.diagram svg { max-width: 100%' not in document  # never shrunk to fit
+
+
+def test_viewer_script_loads_each_vendored_module_with_its_licence():
+  from remat_explorer.viz import viewer
+  script = viewer.viewer_script()
+  for name in viewer.D3_MODULES:
+    assert f"d3Load('{name}'" in script
+    assert (viewer.STATIC / 'd3' / f'{name}.LICENSE').read_text().strip()
+  assert '</script' not in script.lower()
+  assert viewer.widget_module().rstrip().endswith('export default { render: renderWidget };')
+  assert 'export default' not in viewer.viewer_assets_html()
+  # Packaged: pyproject ships the static files with the module.
+  assert '"static/d3/*"' in (ROOT / 'pyproject.toml').read_text()
+
+
+def test_svg_image_fallback_is_base64_svg_at_natural_size():
+  from remat_explorer.viz.viewer import svg_img_html
+  import base64
+  svg = '<svg width="3000pt" height="100pt"><text>&lt;x&gt;</text></svg>'
+  html = svg_img_html(svg)
+  data = re.search(r'src="data:image/svg\+xml;base64,([^"]+)"', html).group(1)
+  assert base64.b64decode(data).decode() == svg
+  assert 'max-width:none' in html and 'overflow:auto' in html
+  assert '<svg' not in html  # nothing for a sanitizer to strip
 
 
 def test_command_line_report(tmp_path):
@@ -242,7 +361,7 @@ def test_explorer_controls_change_the_views(problem):
   assert isinstance(e, rx.Explorer)
   assert [e.tabs.get_title(i) for i in range(5)] == list(viz.explorer.TABS)
   nothing = e.residual_view.value
-  assert 'cluster' in e.split_view.value and '<svg' in e.split_view.value
+  assert 'cluster' in e.diagram.svg and e.diagram.svg.startswith('<svg')
   assert 'Compile failed' not in e.costs_view.value and 'peak bytes' in e.costs_view.value
   e.policy.value = 'everything_saveable'
   e.wait(300)
@@ -262,48 +381,183 @@ def test_explorer_controls_change_the_views(problem):
   assert e.current_report().lowering == 'none'
 
 
+def test_every_caption_names_policy_lowering_and_device(problem):
+  f, args = problem
+  e = rx.explore(f, *args)
+  e.lowering.value = 'cond'
+  e.policy.value = 'dots_saveable'
+  e.wait(300)
+  device = jax.devices()[0].device_kind
+  for view in (e.split_note, e.residual_view, e.costs_view, e.program_view):
+    caption = re.search(r'<p class="remat-caption">(.*?)</p>', view.value).group(1)
+    assert 'dots_saveable' in caption and 'lowering cond' in caption, caption
+    assert f'device {device}' in caption, caption
+
+
+def test_a_single_compile_shows_an_indeterminate_bar_and_greys_the_old_costs(problem):
+  f, args = problem
+  e = rx.explore(f, *args)
+  # Straight after a change the compile is running: no count to show.
+  assert '<progress></progress>' in e.progress.value
+  assert 'compiling under nothing_saveable · lowering barrier' in e.progress.value
+  assert _panels.STALE in e.costs_view._dom_classes
+  e.wait(300)
+  assert e.progress.value == '' and _panels.STALE not in e.costs_view._dom_classes
+  e.policy.value = 'dots_saveable'
+  assert _panels.STALE in e.costs_view._dom_classes  # old figures, marked
+  assert 'compiled under nothing_saveable' in e.costs_view.value
+  e.wait(300)
+  assert _panels.STALE not in e.costs_view._dom_classes
+  assert 'compiled under dots_saveable' in e.costs_view.value
+
+
+def test_progress_is_determinate_only_with_a_known_count():
+  from remat_explorer.viz._work import Task
+  html = _panels.progress_html([Task('comparing', 2, 6, 'dots_saveable'),
+                                Task('compiling under x<y>')])
+  assert '<progress value="2" max="6"></progress>' in html
+  assert 'comparing: dots_saveable (2/6)' in html
+  assert '<progress></progress><span>compiling under x&lt;y&gt;…</span>' in html
+  assert _panels.progress_html([]) == ''
+
+
 def test_explorer_compare_and_pick_from_the_front(problem):
   f, args = problem
   e = rx.explore(f, *args)
   e.wait(300)
   e.compare_button.click()
+  assert _panels.STALE in e.compare_view._dom_classes
   e.wait(600)
+  assert _panels.STALE not in e.compare_view._dom_classes
   assert 'remat-comparison-table' in e.compare_view.value
   assert 'no remat' in e.pareto_pick.options and 'dots_saveable' in e.pareto_pick.options
+  # Filling the buttons picked nothing: the policy is the user's.
+  assert e.policy.value == 'nothing_saveable'
   e.pareto_pick.value = 'dots_saveable'
   assert e.policy.value == 'dots_saveable'
   assert 'dots_saveable' in e.residual_view.value
+  # Another lowering makes the comparison out of date, and says so.
+  e.lowering.value = 'cond'
+  assert _panels.OUTDATED in e.compare_view._dom_classes
+  e.lowering.value = 'barrier'
+  assert _panels.OUTDATED not in e.compare_view._dom_classes
+  e.wait(300)
 
 
-def test_explorer_search_adds_its_policy(problem):
+def test_explorer_search_adds_its_policy_and_wait_covers_what_it_starts(problem):
   f, args = problem
   e = rx.explore(f, *args)
   e.wait(300)
   e.budget.value = 0.3
   e.search_button.click()
-  e.wait(600)
+  e.wait(600)  # the search, the policy it selects and that policy's compile
   assert e.search_result is not None
   assert e.policy.value == e.search_result.label
   assert e.search_result.label in e.policy.options
+  assert not e._work.tasks and e.progress.value == ''
+  assert f'compiled under {e.search_result.label}' in e.costs_view.value
+
+
+def test_wait_times_out_on_the_whole_wait(problem):
+  f, args = problem
+  e = rx.explore(f, *args)
+  e.compare_button.click()
+  with pytest.raises(TimeoutError, match='comparing policies'):
+    e.wait(0.2)
+  e.wait(600)
+
+
+def test_widgets_change_on_the_main_thread_only(problem, monkeypatch):
+  import threading
+  import ipywidgets
+  threads = set()
+  notify = ipywidgets.Widget.notify_change
+  def recording(self, change):
+    threads.add(threading.current_thread().name)
+    return notify(self, change)
+  monkeypatch.setattr(ipywidgets.Widget, 'notify_change', recording)
+  f, args = problem
+  e = rx.explore(f, *args)
+  e.compare_button.click()
+  e.search_button.click()
+  e.wait(600)
+  assert e.search_result is not None and e.comparison is not None
+  assert threads == {threading.main_thread().name}, threads
 
 
 def test_explorer_shows_errors_and_keeps_the_last_view(problem):
   f, args = problem
   e = rx.explore(f, *args)
   e.wait(300)
-  before = e.split_view.value
+  before = e.diagram.svg
   e.policies['broken'] = lambda *a, **k: 1 / 0  # a policy that raises
   e.policy.options = [*e.policy.options, 'broken']
   e.policy.value = 'broken'
   e.wait(300)
   assert 'ZeroDivisionError' in e.error.value or 'division' in e.error.value
-  assert e.split_view.value == before
+  assert e.diagram.svg == before
+  e.policy.value = 'dots_saveable'  # a working policy clears the error
+  e.wait(300)
+  assert e.error.value == ''
+
+
+def test_report_warnings_go_with_their_views_and_clear(problem):
+  f, args = problem
+  e = rx.explore(f, *args)
+  e.policies['names nothing'] = rx.checkpoint_policies.save_only_these_names('no_such_name')
+  e.policy.options = [*e.policy.options, 'names nothing']
+  e.policy.value = 'names nothing'
+  warning = 'no_such_name'
+  assert warning in e.split_note.value and warning in e.residual_view.value
+  assert warning not in e.error.value
+  assert e.split_note.value.count('class="warning"') == len(
+      set(e.current_report().warnings))
+  e.policy.value = 'dots_saveable'
+  assert warning not in e.split_note.value and warning not in e.residual_view.value
+  e.wait(300)
+
+
+def test_comparison_warnings_sit_in_their_rows_once(comparison):
+  html = viz.comparison_table_html(comparison)
+  warned = tables.row_warnings(comparison)
+  assert warned  # on the CPU some policies do not lower the peak
+  for label, text in warned.items():
+    row = re.search(rf'<tr[^>]*><td>{re.escape(tables.html_text(label))}</td>.*?</tr>', html)
+    assert tables.html_text(text) in row.group(0)
+  assert tables.other_warnings(comparison) == []
+
+
+def test_a_click_on_a_collapsed_call_opens_it():
+  def block(x):
+    y, _ = jax.lax.scan(lambda c, _: (jnp.cos(c) * x, None), x, None, length=3)
+    return jnp.sum(jnp.tanh(y))
+  e = rx.explore(rx.checkpoint(block), jnp.ones(4))
+  calls = re.findall(r'<g id="([^"]+)" class="node sub', e.diagram.svg)
+  assert calls, 'no collapsed call drawn'
+  before = e.diagram.svg
+  e.diagram.clicked = calls[0]
+  e.diagram.click_count += 1
+  assert e.diagram.svg != before and f'{calls[0]}_j0' in e.diagram.svg
+  e.diagram.click_count += 1  # the same node again closes it
+  assert e.diagram.svg == before
+  e.diagram.clicked = 'f0_i0'  # not a call: the drawing stays
+  e.diagram.click_count += 1
+  assert e.diagram.svg == before
+  e.wait(300)
+
+
+def test_a_split_graph_shows_in_a_notebook_as_an_image(problem):
+  # A Digraph's own image/svg+xml is not rendered in an untrusted notebook.
+  bundle = viz.split_graph(analyze(*problem[:1], *problem[1]))._repr_mimebundle_()
+  assert set(bundle) == {'text/html', 'text/plain'}
+  assert '<img class="diagram"' in bundle['text/html'] and '<svg' not in bundle['text/html']
 
 
 def test_static_view_without_widgets(problem):
   report = analyze(*problem[:1], *problem[1])
   html = viz.StaticView(report)._repr_html_()
-  assert '<svg' in html and 'remat-residual-table' in html
+  assert 'data:image/svg+xml;base64,' in html and 'remat-residual-table' in html
+  assert '<svg' not in html
 
 
 def test_explorer_falls_back_to_static_html_where_widgets_do_not_run(problem):
@@ -313,7 +567,10 @@ def test_explorer_falls_back_to_static_html_where_widgets_do_not_run(problem):
   bundle = e._repr_mimebundle_()
   assert bundle['application/vnd.jupyter.widget-view+json']['model_id'] == e.widget.model_id
   static = bundle['text/html']
-  assert '<svg' in static and 'remat-residual-table' in static
+  # An image of the diagram: an untrusted notebook's sanitizer strips
+  # inline SVG (leaving its text) but keeps images.
+  assert '<img class="diagram"' in static and 'data:image/svg+xml;base64,' in static
+  assert '<svg' not in static and 'remat-residual-table' in static
   assert f'under policy {e.policy.value}' in static
 
 
@@ -325,7 +582,71 @@ def test_explorer_keeps_only_the_latest_compile(problem):
   e.wait(600)
   assert 'compiled under dots_saveable' in e.costs_view.value
   assert 'everything_saveable' not in e.costs_view.value
-  assert e.progress.layout.visibility == 'hidden'
+  assert e.progress.value == ''
+
+
+def test_explorer_buttons_are_never_cut(problem):
+  f, args = problem
+  e = rx.explore(f, *args)
+  assert e.compare_button.layout.width == 'auto' and e.search_button.layout.width == 'auto'
+  assert e.pareto_pick.style.button_width == 'auto'
+  e.wait(300)
+
+
+# -- text, tables and jaxprs ------------------------------------------------------------
+
+def test_jaxpr_listing_has_no_terminal_colours_where_jax_would_print_them(monkeypatch):
+  from jax._src import pretty_printer
+  monkeypatch.setattr(pretty_printer, 'CAN_USE_COLOR', True)  # as in a notebook
+  f = rx.checkpoint(lambda x: jnp.sin(jnp.sin(x)),
+                    policy=rx.checkpoint_policies.everything_saveable)
+  report = analyze(f, jax.random.normal(jax.random.key(0), (3,)))
+  assert '\x1b[' in str(report.forward_jaxpr)  # what JAX prints there
+  html = viz.report_jaxprs_html(report)
+  assert '\x1b' not in html and '\ufffd' not in html
+  assert len(re.findall(r'<mark class="residual">', html)) >= 2
+
+
+def test_html_text_drops_terminal_escapes():
+  from remat_explorer.viz.text import html_text
+  assert html_text('a\x1b[35m:f32[8,32]\x1b[39m<b>') == 'a:f32[8,32]&lt;b&gt;'
+
+
+def test_repeated_warning_lines_and_items_show_once():
+  from remat_explorer.viz.text import unique_lines
+  line = 'p: peak is not below. Largest: f32[8] a at m.py:3; f32[8] a at m.py:3; f32[8] a at m.py:3.'
+  assert unique_lines([line, line, 'q']) == [
+      'p: peak is not below. Largest: f32[8] a at m.py:3 (×3).', 'q']
+
+
+def test_columns_without_data_are_hidden(comparison, problem):
+  html = viz.comparison_table_html(comparison)  # compared without running
+  assert all(r.run_seconds is None for r in comparison.rows)
+  assert '<th>run</th>' not in html and '<th>compile</th>' in html
+  cells = re.search(r'<tr class="pareto">(.*?)</tr>', html).group(1)
+  assert cells.count('<td>') == html.split('<tbody>')[0].count('<th>')
+  no_names = analyze(*problem[:1], *problem[1], policy=rx.checkpoint_policies.nothing_saveable)
+  assert all(r.name is None for r in no_names.residuals)
+  assert '<th>name</th>' not in viz.residual_table_html(no_names)
+  named = analyze(*problem[:1], *problem[1],
+                  policy=rx.checkpoint_policies.save_only_these_names('query'))
+  assert '<th>name</th>' in viz.residual_table_html(named)
+
+
+def test_graphviz_warnings_are_kept_not_printed(capfd):
+  from remat_explorer.viz.embed import graphviz_notes_html
+  from remat_explorer.viz.split_graph import render_svg
+  import graphviz
+  g = graphviz.Digraph()
+  g.node('a', shape='no_such_shape')  # dot warns (twice, kept once) and draws
+  g.node('b', shape='no_such_shape')
+  rendered = render_svg(g)
+  out, err = capfd.readouterr()
+  assert out == '' and err == ''
+  assert rendered.svg.lstrip().startswith('<?xml')
+  assert rendered.warnings == ('Warning: using box for unknown shape no_such_shape',)
+  note = graphviz_notes_html(rendered.warnings)
+  assert '<details' in note and 'layout warning' in note
 
 
 def test_html_text_keeps_line_breaks_and_drops_other_control_characters():

@@ -1,7 +1,9 @@
 """Visualization: pure rendering functions of the analysis data, and widgets.
 
-* ``split_graph(report) -> graphviz.Digraph`` and ``to_svg``: the known/staged
-  split of each remat block, residual edges highlighted.
+* ``split_graph(report) -> graphviz.Digraph`` and ``to_svg`` / ``render_svg``:
+  the known/staged split of each remat block, residual edges highlighted.
+* ``viewer`` / ``viewer_widget.DiagramViewer``: the diagram at natural size
+  with pan and zoom (vendored d3-zoom), in the widget and the report.
 * ``plot_memory_breakdown``, ``plot_pareto``, ``plot_residuals_by_origin``,
   ``plot_memory_timeline``, ``plot_per_device_memory``: matplotlib figures
   of compiled costs.
@@ -9,7 +11,8 @@
   HTML tables and jaxpr listings.
 * ``report_html``: a self-contained HTML report.
 * ``explore(f, *args)`` / ``Explorer``: the ipywidgets Explorer, which only
-  wires controls to the functions above.
+  wires controls to the functions above (``_work`` runs its compiles on
+  workers and applies their results on the main thread).
 """
 
 from remat_explorer.viz.charts import (plot_memory_breakdown, plot_memory_timeline,
@@ -17,13 +20,13 @@ from remat_explorer.viz.charts import (plot_memory_breakdown, plot_memory_timeli
                                        plot_residuals_by_origin)
 from remat_explorer.viz.explorer import Explorer, StaticView, explore
 from remat_explorer.viz.html_report import report_html
-from remat_explorer.viz.split_graph import split_graph, to_svg
+from remat_explorer.viz.split_graph import render_svg, split_graph, to_svg
 from remat_explorer.viz.tables import (comparison_table_html, jaxpr_html,
                                        report_jaxprs_html, residual_table_html)
 from remat_explorer.viz.text import format_bytes, format_flops
 
 __all__ = [
-    'split_graph', 'to_svg', 'plot_memory_breakdown', 'plot_pareto',
+    'split_graph', 'to_svg', 'render_svg', 'plot_memory_breakdown', 'plot_pareto',
     'plot_residuals_by_origin', 'plot_memory_timeline', 'plot_per_device_memory',
     'residual_table_html',
     'comparison_table_html', 'jaxpr_html', 'report_jaxprs_html', 'report_html',

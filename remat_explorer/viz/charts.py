@@ -15,6 +15,7 @@ from typing import Mapping
 
 import matplotlib
 import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
@@ -22,6 +23,7 @@ from remat_explorer.analysis.compare import Comparison, PolicyRow
 from remat_explorer.analysis.compiled import CompiledCosts
 from remat_explorer.analysis.report import RematReport
 from remat_explorer.analysis.sharding import mesh_text
+from remat_explorer.viz import _labels
 from remat_explorer.viz.text import byte_unit, flop_unit, format_bytes, format_flops
 
 BREAKDOWN_PARTS = ('arguments', 'outputs', 'residuals at peak', 'other temporaries')
@@ -68,18 +70,19 @@ def plot_memory_breakdown(comparison: Comparison) -> Figure:
   """One stacked bar per compiled policy: arguments, outputs, residual
   buffers live at the peak and the other temporaries, as XLA compiled them."""
   rows = [r for r in comparison.rows if not r.failed]
-  fig = Figure(figsize=(8, 0.45 * len(rows) + 1.6), layout='constrained')
+  fig = _figure(figsize=(8, 0.45 * len(rows) + 1.9))
   ax = fig.add_subplot()
   _, scale = _stacked_breakdown_bars(ax, [memory_breakdown(r) for r in rows])
   ax.set_yticks(range(len(rows)), [short_label(r.label) for r in rows])
   ax.invert_yaxis()
   ax.set_xlabel(f'compiled device memory ({_unit_name(format_bytes(scale))})')
-  ax.legend(loc='lower right', fontsize='small')
+  _legend_below(fig, ax)
   ax.set_title(f'{comparison.function}: memory by policy on {comparison.device_kind}')
   failed = [r.label for r in comparison.rows if r.failed]
   if failed:
-    fig.text(0.01, 0.0, 'failed to compile: ' + ', '.join(failed), fontsize='small',
-             color='#b00020')
+    # Above the axes: the space below holds the legend.
+    fig.suptitle('failed to compile: ' + ', '.join(failed), fontsize='small',
+                 color='#b00020', x=0.01, ha='left')
   return fig
 
 
@@ -128,7 +131,7 @@ def plot_per_device_memory(costs: Comparison | Mapping[str, CompiledCosts]) -> F
   if isinstance(costs, Comparison):
     costs = {r.label: r.costs for r in costs.rows}
   shown = {k: c for k, c in costs.items() if not c.failed}
-  fig = Figure(figsize=(8, 0.45 * len(shown) + 1.6), layout='constrained')
+  fig = _figure(figsize=(8, 0.45 * len(shown) + 1.9))
   ax = fig.add_subplot()
   left, scale = _stacked_breakdown_bars(ax, [costs_breakdown(c) for c in shown.values()])
   for i, total in enumerate(left):
@@ -141,8 +144,7 @@ def plot_per_device_memory(costs: Comparison | Mapping[str, CompiledCosts]) -> F
   ax.set_yticks(range(len(shown)), [short_label(t, 48) for t in labels])
   ax.invert_yaxis()
   ax.set_xlabel(f'compiled memory per device ({_unit_name(format_bytes(scale))})')
-  ax.legend(loc='upper center', bbox_to_anchor=(0.5, -0.22), ncols=len(BREAKDOWN_PARTS),
-            fontsize='small', frameon=False)
+  _legend_below(fig, ax)
   functions = sorted({c.function for c in shown.values()})
   kinds = sorted({c.device_kind for c in shown.values()})
   where = (' · ' + placement_text(next(iter(shown.values())))
@@ -150,8 +152,9 @@ def plot_per_device_memory(costs: Comparison | Mapping[str, CompiledCosts]) -> F
   ax.set_title(f'{", ".join(functions)}: memory per device on {", ".join(kinds)}{where}')
   failed = [k for k, c in costs.items() if c.failed]
   if failed:
-    fig.text(0.01, 0.0, 'failed to compile: ' + ', '.join(failed), fontsize='small',
-             color='#b00020')
+    # Above the axes: the space below holds the legend.
+    fig.suptitle('failed to compile: ' + ', '.join(failed), fontsize='small',
+                 color='#b00020', x=0.01, ha='left')
   return fig
 
 
@@ -168,9 +171,14 @@ def pareto_points(comparison: Comparison) -> list[tuple[str, int, int, bool]]:
 def plot_pareto(comparison: Comparison, *, selected: str | None = None,
                 search_result=None) -> Figure:
   """Peak memory against FLOPs, one point per policy, with the Pareto front
-  drawn, the `selected` policy ringed and the searched policy starred."""
+  drawn, the `selected` policy ringed and the searched policy starred.
+
+  Policies that compile to the same point share one label listing them;
+  labels go where they overlap nothing (``_labels``); the legend sits
+  outside the data.
+  """
   points = pareto_points(comparison)
-  fig = Figure(figsize=(8, 5), layout='constrained')
+  fig = _figure(figsize=(9, 5))
   ax = fig.add_subplot()
   extra = [] if search_result is None else [(search_result.peak_bytes, search_result.flops)]
   mem_scale = byte_unit(max([p[1] for p in points] + [m for m, _ in extra], default=1))
@@ -178,7 +186,6 @@ def plot_pareto(comparison: Comparison, *, selected: str | None = None,
   for label, peak, flops, on_front in points:
     x, y = peak / mem_scale, flops / flop_scale
     ax.scatter([x], [y], s=45, zorder=3, color=FRONT_COLOR if on_front else '#7f7f7f')
-    ax.annotate(short_label(label), (x, y), xytext=(5, 4), textcoords='offset points', fontsize=8)
     if label == selected:
       ax.scatter([x], [y], s=220, facecolors='none', edgecolors='#1f77b4', linewidths=2,
                  zorder=4, label=f'selected: {short_label(label)}')
@@ -197,7 +204,11 @@ def plot_pareto(comparison: Comparison, *, selected: str | None = None,
   ax.set_ylabel(f'FLOPs, forward + backward ({_unit_name(format_flops(flop_scale))})')
   ax.set_title(f'{comparison.function}: memory against FLOPs on {comparison.device_kind}')
   ax.grid(alpha=0.3)
-  ax.legend(fontsize='small')
+  ax.margins(0.15)  # room for labels around the outermost points
+  _legend_outside(ax)
+  groups = _labels.group_points([(short_label(label), peak / mem_scale, flops / flop_scale)
+                                 for label, peak, flops, _ in points])
+  _labels.label_points(ax, groups)
   return fig
 
 
@@ -224,7 +235,7 @@ def residual_bytes_by_origin(report: RematReport) -> dict[str, int]:
 def plot_residuals_by_origin(report: RematReport) -> Figure:
   """Horizontal bars: residual bytes by origin under one policy."""
   groups = residual_bytes_by_origin(report)
-  fig = Figure(figsize=(8, 0.35 * max(len(groups), 1) + 1.4), layout='constrained')
+  fig = _figure(figsize=(8, 0.35 * max(len(groups), 1) + 1.4))
   ax = fig.add_subplot()
   scale = byte_unit(max(groups.values(), default=1))
   ax.barh(range(len(groups)), [b / scale for b in groups.values()], color='#d62728')
@@ -243,44 +254,109 @@ def plot_residuals_by_origin(report: RematReport) -> Figure:
 
 # -- memory along the schedule ---------------------------------------------------------
 
+OVERLAY_AT_MOST = 2
+"""Timelines drawn over each other up to this many; more get a panel each."""
+
+
 @_literal_text
-def plot_memory_timeline(costs_by_label: Mapping[str, CompiledCosts]) -> Figure:
-  """Live device bytes along each compiled program's schedule, overlaid.
+def plot_memory_timeline(costs_by_label: Mapping[str, CompiledCosts], *,
+                         reference: str | None = None) -> Figure:
+  """Live device bytes along each compiled program's schedule.
 
   Schedules differ in length, so the x axis is the position in the schedule
   (0 = first instruction, 1 = last). The shaded band under each line is the
-  part held by residual buffers; a dot marks each peak.
+  part held by residual buffers; a dot marks each peak. Up to
+  `OVERLAY_AT_MOST` programs share one axes; more get one panel each
+  (shared axes), with the `reference` label's line (e.g. ``'no remat'``)
+  repeated in grey in every panel for comparison.
   """
   shown = {k: c for k, c in costs_by_label.items()
            if not c.failed and c.timeline is not None and c.timeline.steps}
-  fig = Figure(figsize=(9, 4.5), layout='constrained')
-  ax = fig.add_subplot()
   scale = byte_unit(max((c.timeline.peak_bytes for c in shown.values()), default=1))
-  colors = _cycle_colors(len(shown))
-  for (label, costs), color in zip(shown.items(), colors):
-    t = costs.timeline
-    x = np.linspace(0, 1, len(t.steps))
-    ax.step(x, np.array(t.height) / scale, where='post', color=color,
-            label=f'{short_label(label)} (peak {format_bytes(t.peak_bytes)})')
-    ax.fill_between(x, np.array(t.residual_bytes_by_step()) / scale, step='post', color=color,
-                    alpha=0.18)
-    ax.scatter([x[t.peak_step]], [t.peak_bytes / scale], color=color, zorder=3, s=25)
-  ax.set_xlabel('position in the compiled schedule')
-  ax.set_ylabel(f'live device memory ({_unit_name(format_bytes(scale))})')
   kinds = sorted({c.device_kind for c in shown.values()})
   functions = sorted({c.function for c in shown.values()})
-  ax.set_title(f'{", ".join(functions)}: memory along the schedule on {", ".join(kinds)}'
-               '\n(shaded: residual buffers)')
-  ax.grid(alpha=0.3)
-  if shown:
-    ax.legend(fontsize='small')
-  else:
-    ax.text(0.5, 0.5, 'no compiled timeline', transform=ax.transAxes, ha='center')
-  ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f'{v:.0%}'))
+  title = (f'{", ".join(functions)}: memory along the schedule on {", ".join(kinds)}'
+           ' (shaded: residual buffers)')
+  if len(shown) <= OVERLAY_AT_MOST:
+    fig = _figure(figsize=(9, 4.5))
+    ax = fig.add_subplot()
+    for (label, costs), color in zip(shown.items(), _cycle_colors(len(shown))):
+      _draw_timeline(ax, costs, scale, color,
+                     f'{short_label(label)} (peak {format_bytes(costs.timeline.peak_bytes)})')
+    _timeline_axes(ax, scale)
+    if shown:
+      _legend_outside(ax)
+    else:
+      ax.text(0.5, 0.5, 'no compiled timeline', transform=ax.transAxes, ha='center')
+    ax.set_title(title.replace(' (shaded', '\n(shaded'))
+    return fig
+  ref = shown.get(reference)
+  panels = {k: c for k, c in shown.items() if k != reference}
+  cols = 2 if len(panels) <= 4 else 3
+  rows = -(-len(panels) // cols)
+  fig = _figure(figsize=(4.2 * cols, 2.4 * rows + 0.8))
+  axes = fig.subplots(rows, cols, sharex=True, sharey=True, squeeze=False).ravel()
+  for ax, (label, costs) in zip(axes, panels.items()):
+    if ref is not None:
+      x = np.linspace(0, 1, len(ref.timeline.steps))
+      ax.step(x, np.array(ref.timeline.height) / scale, where='post', color='#999999',
+              linewidth=1, label=f'{short_label(reference)} (peak '
+              f'{format_bytes(ref.timeline.peak_bytes)})')
+    _draw_timeline(ax, costs, scale, '#1f77b4', None)
+    ax.set_title(f'{short_label(label)}: peak {format_bytes(costs.timeline.peak_bytes)}',
+                 fontsize='medium')
+    _timeline_axes(ax, scale, labels=False)
+  for ax in axes[len(panels):]:
+    ax.set_visible(False)
+  fig.supxlabel('position in the compiled schedule')
+  fig.supylabel(f'live device memory ({_unit_name(format_bytes(scale))})')
+  fig.suptitle(title + (f'; grey: {short_label(reference)}' if ref is not None else ''))
   return fig
 
 
+def _draw_timeline(ax, costs: CompiledCosts, scale: float, color: str,
+                   label: str | None) -> None:
+  t = costs.timeline
+  x = np.linspace(0, 1, len(t.steps))
+  ax.step(x, np.array(t.height) / scale, where="post", color=color, label=label)
+  ax.fill_between(x, np.array(t.residual_bytes_by_step()) / scale, step='post', color=color,
+                  alpha=0.18)
+  ax.scatter([x[t.peak_step]], [t.peak_bytes / scale], color=color, zorder=3, s=25)
+
+
+def _timeline_axes(ax, scale: float, labels: bool = True) -> None:
+  if labels:
+    ax.set_xlabel('position in the compiled schedule')
+    ax.set_ylabel(f'live device memory ({_unit_name(format_bytes(scale))})')
+  ax.grid(alpha=0.3)
+  ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f'{v:.0%}'))
+
+
 # -- helpers ----------------------------------------------------------------------------
+
+def _figure(figsize) -> Figure:
+  """A figure with constrained layout and its own Agg canvas, so that text
+  can be measured (label placement) without pyplot."""
+  fig = Figure(figsize=figsize, layout='constrained')
+  FigureCanvasAgg(fig)
+  return fig
+
+
+def _legend_outside(ax) -> None:
+  """The legend right of the axes, clear of the data; constrained layout
+  makes room for it."""
+  if ax.get_legend_handles_labels()[0]:
+    ax.legend(loc='upper left', bbox_to_anchor=(1.02, 1.0), borderaxespad=0,
+              fontsize='small')
+
+
+def _legend_below(fig: Figure, ax) -> None:
+  """The legend in one row under the axes, outside the data."""
+  handles, labels = ax.get_legend_handles_labels()
+  if handles:
+    fig.legend(handles, labels, loc='outside lower center', ncols=len(handles),
+               fontsize='small', frameon=False)
+
 
 def short_label(label: str, limit: int = 36) -> str:
   """`label` cut to `limit` characters: policy labels that list many names

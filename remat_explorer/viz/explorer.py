@@ -1,35 +1,38 @@
 """``explore(f, *args)``: the interactive Explorer, a thin layer of ipywidgets.
 
 The widget only wires controls to the analysis (which caches its results)
-and to the pure rendering functions. Anything that compiles runs in a
-background thread behind a progress bar, so the notebook stays responsive;
-an error is shown in the widget and the previous views stay.
+and to the pure rendering functions. Compiles (and the figures drawn from
+them) run on worker threads behind a progress line, so the notebook stays
+responsive; their results are applied to the widgets on the main thread
+(``_work``). A view whose figures are being recomputed is greyed and
+labelled until they arrive; an error is shown in the widget and the
+previous views stay.
 """
 
 from __future__ import annotations
 
-import html
-import re
-import threading
 import traceback
 
 from remat_explorer.analysis import (NO_REMAT, analyze, builtin_policies, compare,
                                      compile_costs, search_policy)
-from remat_explorer.analysis.compare import recompute_eliminated
 from remat_explorer.analysis.context import TraceSettings
 from remat_explorer.engine.lowering import DEFAULT_STRATEGY, STRATEGIES
 from remat_explorer.engine.policies import checkpoint_policies
-from remat_explorer.viz.charts import (plot_memory_breakdown, plot_memory_timeline,
-                                       plot_pareto, plot_residuals_by_origin)
-from remat_explorer.viz.embed import chart_img, inline_svg
+from remat_explorer.viz import _panels
+from remat_explorer.viz._panels import OUTDATED, STALE, caption_html, warnings_html
+from remat_explorer.viz._work import Work
+from remat_explorer.viz.charts import (plot_memory_breakdown, plot_pareto,
+                                       plot_residuals_by_origin)
+from remat_explorer.viz.embed import chart_img, render_diagram
 from remat_explorer.viz.split_graph import split_graph
 from remat_explorer.viz.tables import (RESIDUAL_SORT_KEYS, comparison_table_html,
-                                       report_jaxprs_html, residual_table_html)
-from remat_explorer.viz.text import MISSING, format_bytes, format_flops, format_seconds
+                                       other_warnings, report_jaxprs_html, residual_table_html)
+from remat_explorer.viz.viewer import svg_img_html
 
 TABS = ('Split diagram', 'Residuals', 'Costs', 'Compare', 'Program')
 _NAMED = 'save_only_these_names (pick names)'
-_SHRINK_TO_FIT_PT = 2000
+_ALL_BLOCKS = 'all blocks'
+_AUTO = {'width': 'auto'}  # buttons as wide as their text: never cut
 
 
 def explore(f, *args, argnums=0, **kwargs):
@@ -40,9 +43,19 @@ def explore(f, *args, argnums=0, **kwargs):
   """
   try:
     import ipywidgets  # noqa: F401
+    import anywidget  # noqa: F401
   except ImportError:
     return StaticView(analyze(f, *args, argnums=argnums, **kwargs))
   return Explorer(f, *args, argnums=argnums, **kwargs)
+
+
+def static_html(report, block=None, expand=()) -> str:
+  """The split diagram (an ``<img>`` of its SVG) and residual table of
+  `report`: what shows where scripts and inline SVG do not, such as an
+  untrusted notebook, whose sanitizer keeps images."""
+  diagram = render_diagram(split_graph(report, block=block, expand=expand))
+  image = svg_img_html(diagram.svg) if diagram.svg else ''
+  return image + diagram.notes_html + residual_table_html(report)
 
 
 class StaticView:
@@ -52,28 +65,34 @@ class StaticView:
     self.report = report
 
   def _repr_html_(self) -> str:
-    return _split_html(split_graph(self.report)) + residual_table_html(self.report)
+    return static_html(self.report)
 
 
 class Explorer:
   """Controls: policy, names, lowering, block, memory budget. Tabs: the split
-  diagram, residual table, compiled costs, policy comparison, jaxprs."""
+  diagram (pan, zoom; a click on a collapsed call opens it), residual table,
+  compiled costs, policy comparison, jaxprs."""
 
   def __init__(self, f, *args, argnums=0, **kwargs):
     import ipywidgets as w
+
+    from remat_explorer.viz.viewer_widget import DiagramViewer
     self.f, self.args, self.kwargs, self.argnums = f, args, kwargs, argnums
-    # Widget callbacks and compiles run outside the code that opened the
-    # Explorer: they take its mesh and lowering strategy with them.
+    # Work on other threads takes the mesh and lowering strategy of the code
+    # that opened the Explorer with it.
     self._settings = TraceSettings.current()
+    self._work = Work(on_tasks=self._show_tasks, on_error=self._show_error,
+                      context=self._settings.entered)
     first = analyze(f, *args, argnums=argnums, **kwargs)
     self.names = first.names_in_program
     self.policies = dict(builtin_policies())
     self.comparison = None
     self.search_result = None
+    self._compared_lowering = None
     self._generation = 0
-    self._threads: list[threading.Thread] = []
-    self._running = 0
-    self._lock = threading.Lock()
+    self._expanded: set[str] = set()
+    self._picking = False
+    self._static_html = ''
 
     options = list(self.policies) + ([_NAMED] if self.names else [])
     self.policy = w.Dropdown(options=options, value='nothing_saveable',
@@ -83,26 +102,28 @@ class Explorer:
                                          layout=w.Layout(display='none'))
     self.lowering = w.Dropdown(options=list(STRATEGIES), value=DEFAULT_STRATEGY,
                                description='lowering')
-    blocks = ['all blocks'] + [b.name for b in first.blocks]
-    self.block = w.Dropdown(options=blocks, value='all blocks', description='block',
+    blocks = [_ALL_BLOCKS] + [b.name for b in first.blocks]
+    self.block = w.Dropdown(options=blocks, value=_ALL_BLOCKS, description='block',
                             layout=w.Layout(display='' if len(blocks) > 2 else 'none'))
     self.budget = w.FloatSlider(value=0.5, min=0.0, max=1.0, step=0.05,
                                 description='budget', readout_format='.0%')
-    self.search_button = w.Button(description='search policy')
-    self.compare_button = w.Button(description='compare all policies')
-    self.progress = w.IntProgress(value=0, min=0, max=1, description='',
-                                  layout=w.Layout(visibility='hidden'))
-    self.status = w.HTML()
+    self.search_button = w.Button(description='search policy', layout=w.Layout(**_AUTO))
+    self.compare_button = w.Button(description='compare all policies',
+                                   layout=w.Layout(**_AUTO))
+    self.progress = w.HTML()
     self.error = w.HTML()
 
-    self.split_view = w.HTML()
+    self.split_note = w.HTML()
+    self.diagram = DiagramViewer(layout=w.Layout(width='100%'))
+    self.split_view = w.VBox([self.split_note, self.diagram])
     self.residual_view = w.HTML()
     self.sort_by = w.Dropdown(options=list(RESIDUAL_SORT_KEYS), value='bytes',
                               description='sort by')
     self.costs_view = w.HTML()
     self.compare_view = w.HTML('<p>Press “compare all policies” to compile the '
                                'gradient under every policy.</p>')
-    self.pareto_pick = w.ToggleButtons(options=[], description='select')
+    self.pareto_pick = w.ToggleButtons(options=[], description='select',
+                                       style={'button_width': 'auto'})
     self.program_view = w.HTML()
     self.tabs = w.Tab(children=[
         self.split_view, w.VBox([self.sort_by, self.residual_view]), self.costs_view,
@@ -111,16 +132,19 @@ class Explorer:
     for i, title in enumerate(TABS):
       self.tabs.set_title(i, title)
 
-    for control in (self.policy, self.names_select, self.lowering, self.block):
+    for control in (self.policy, self.names_select, self.lowering):
       control.observe(lambda _: self.refresh(), names='value')
+    self.block.observe(self._block_changed, names='value')
     self.sort_by.observe(lambda _: self._render_residuals(self.current_report()),
                          names='value')
-    self.search_button.on_click(lambda _: self._in_background(self._search))
-    self.compare_button.on_click(lambda _: self._in_background(self._compare))
+    self.search_button.on_click(lambda _: self._search())
+    self.compare_button.on_click(lambda _: self._compare())
     self.pareto_pick.observe(self._pick_from_pareto, names='value')
+    self.diagram.observe(self._node_clicked, names='click_count')
     self.widget = w.VBox([
+        w.HTML(_panels.CSS),
         w.HBox([self.policy, self.names_select, self.lowering, self.block]),
-        w.HBox([self.budget, self.search_button, self.progress, self.status]),
+        w.HBox([self.budget, self.search_button, self.progress]),
         self.error, self.tabs])
     # Class names for styling and for tests that look at the page.
     self.widget.add_class('remat-explorer')
@@ -139,175 +163,203 @@ class Explorer:
       return analyze(self.f, *self.args, policy=self.current_policy(),
                      lowering=self.lowering.value, argnums=self.argnums, **self.kwargs)
 
+  def current_block(self) -> str | None:
+    return None if self.block.value == _ALL_BLOCKS else self.block.value
+
   # -- views ---------------------------------------------------------------------
 
   def refresh(self) -> None:
-    """Re-render the views for the current controls (analysis is cached)."""
+    """Re-render the views for the current controls (analysis is cached);
+    the compiled costs follow from a worker."""
     self.names_select.layout.display = '' if self.policy.value == _NAMED else 'none'
+    self._generation += 1
+    generation = self._generation
     try:
       report = self.current_report()
-      block = None if self.block.value == 'all blocks' else self.block.value
-      self.split_view.value = _split_html(split_graph(report, block=block))
-      self._render_residuals(report)
-      self.program_view.value = report_jaxprs_html(report)
-      self._show_warnings(report.warnings)
+      self._render_analysis(report)
     except Exception as e:  # shown in the widget; the previous views stay
       self._show_error(e)
       return
-    # The compile runs behind the controls: it takes what they say now, and
-    # its result is dropped if they have changed again by the time it ends.
-    with self._lock:
-      self._generation += 1
-      generation = self._generation
+    self.error.value = ''
+    self._mark_comparison()
+    # The compile takes the controls as they are now; its result is dropped
+    # if they have changed again by the time it ends.
     label, policy, lowering = self.policy.value, self.current_policy(), self.lowering.value
-    self._in_background(lambda: self._costs(generation, label, policy, lowering, report))
+    self.costs_view.add_class(STALE)
+    self._work.start(f'compiling under {label} · lowering {lowering}',
+                     lambda _: self._costs_html(label, policy, lowering, report),
+                     lambda html: self._show_costs(generation, html),
+                     lambda e: self._costs_failed(generation, e))
+
+  def _render_analysis(self, report) -> None:
+    diagram = render_diagram(split_graph(report, block=self.current_block(),
+                                         expand=self._expanded))
+    device = _panels.device_text(report)
+    self.split_note.value = (caption_html(report.policy, report.lowering, device, 'split')
+                             + warnings_html(report.warnings) + diagram.notes_html)
+    self.diagram.svg = diagram.svg
+    self._render_residuals(report)
+    self.program_view.value = (caption_html(report.policy, report.lowering, device, 'jaxprs')
+                               + report_jaxprs_html(report))
+    image = svg_img_html(diagram.svg) if diagram.svg else ''
+    self._static_html = image + diagram.notes_html + self.residual_view.value
 
   def _render_residuals(self, report) -> None:
+    caption = caption_html(report.policy, report.lowering, _panels.device_text(report),
+                           'residuals')
     self.residual_view.value = (
-        f'<div class="remat-residuals">'
+        f'{caption}{warnings_html(report.warnings)}<div class="remat-residuals">'
         f'{residual_table_html(report, sort_by=self.sort_by.value)}</div>'
         + chart_img(plot_residuals_by_origin(report), 'residual bytes by origin'))
 
-  def _costs(self, generation, label, policy, lowering, report):
-    self._progress(0, 1, f'compiling under {label}')
+  def _costs_html(self, label, policy, lowering, report) -> str:
+    """On a worker: compile under `policy` and under no remat, draw."""
     costs = compile_costs(self.f, *self.args, policy=policy, lowering=lowering,
                           argnums=self.argnums, **self.kwargs)
     baseline = compile_costs(self.f, *self.args, policy=NO_REMAT, argnums=self.argnums,
                              **self.kwargs)
+    return _panels.costs_html(label, lowering, costs, baseline, report)
+
+  def _show_costs(self, generation, html) -> None:
     if generation != self._generation:
-      return
-    self.costs_view.value = _costs_html(label, costs, baseline, report)
+      return  # a newer compile is under way; the view stays marked
+    self.costs_view.value = html
+    self.costs_view.remove_class(STALE)
 
-  def _compare(self):
-    self.comparison = compare(self.f, *self.args, lowering=self.lowering.value,
-                              argnums=self.argnums, progress=self._progress, **self.kwargs)
-    self._render_comparison()
+  def _costs_failed(self, generation, e) -> None:
+    self._show_error(e)
+    if generation == self._generation:
+      self.costs_view.remove_class(STALE)  # nothing is coming
 
-  def _render_comparison(self):
-    comparison = self.comparison
-    self.compare_view.value = (
-        comparison_table_html(comparison)
-        + chart_img(plot_pareto(comparison, selected=self.policy.value,
-                           search_result=self.search_result))
-        + chart_img(plot_memory_breakdown(comparison)))
-    self.pareto_pick.options = [r.label for r in comparison.rows if not r.failed]
-    self._show_warnings(comparison.warnings)
+  def _compare(self) -> None:
+    lowering, selected, searched = self.lowering.value, self.policy.value, self.search_result
+    self.compare_view.add_class(STALE)
 
-  def _search(self):
-    result = search_policy(self.f, *self.args, memory_budget=self.budget.value,
-                           argnums=self.argnums, lowering=self.lowering.value,
-                           progress=self._progress, **self.kwargs)
+    def run(progress):
+      comparison = compare(self.f, *self.args, lowering=lowering, argnums=self.argnums,
+                           progress=progress, **self.kwargs)
+      return comparison, _comparison_html(comparison, selected, searched)
+
+    def show(result):
+      self.comparison, html = result
+      self._compared_lowering = lowering
+      self._show_comparison(html)
+      self._set_pareto_options([r.label for r in self.comparison.rows if not r.failed])
+    self._work.start(f'comparing policies · lowering {lowering}', run, show,
+                     self._comparison_failed)
+
+  def _redraw_comparison(self) -> None:
+    comparison, selected, searched = self.comparison, self.policy.value, self.search_result
+    self.compare_view.add_class(STALE)
+    self._work.start('drawing the comparison',
+                     lambda _: _comparison_html(comparison, selected, searched),
+                     self._show_comparison, self._comparison_failed)
+
+  def _comparison_failed(self, e) -> None:
+    self._show_error(e)
+    self.compare_view.remove_class(STALE)
+
+  def _show_comparison(self, html) -> None:
+    self.compare_view.value = html
+    self.compare_view.remove_class(STALE)
+    self._mark_comparison()
+
+  def _mark_comparison(self) -> None:
+    """Mark the comparison out of date while the lowering differs from its."""
+    outdated = self.comparison is not None and self._compared_lowering != self.lowering.value
+    (self.compare_view.add_class if outdated else self.compare_view.remove_class)(OUTDATED)
+
+  def _search(self) -> None:
+    budget, lowering = self.budget.value, self.lowering.value
+
+    def run(progress):
+      # The search counts its built-in policies, then prices and verifies
+      # choices as long as it needs: no total there.
+      return search_policy(
+          self.f, *self.args, memory_budget=budget, argnums=self.argnums, lowering=lowering,
+          progress=progress, **self.kwargs)
+    self._work.start(f'searching for a policy within {budget:.0%} of the range', run,
+                     self._searched)
+
+  def _searched(self, result) -> None:
     self.search_result = result
     label = result.label
     self.policies[label] = result.policy
-    self.policy.options = [*self.policy.options[:-1], label, self.policy.options[-1]] \
-        if self.policy.options[-1] == _NAMED else [*self.policy.options, label]
+    if label not in self.policy.options:  # before the names picker, if any
+      options = [o for o in self.policy.options if o != _NAMED] + [label]
+      self.policy.options = options + ([_NAMED] if _NAMED in self.policy.options else [])
     self.policy.value = label
     if self.comparison is not None:
-      self._render_comparison()
+      self._redraw_comparison()
 
-  def _pick_from_pareto(self, change):
+  def _set_pareto_options(self, labels) -> None:
+    # Setting the options selects one: that is no pick of the user's.
+    self._picking = True
+    try:
+      self.pareto_pick.options = labels
+      self.pareto_pick.value = self.policy.value if self.policy.value in labels else None
+    finally:
+      self._picking = False
+
+  def _pick_from_pareto(self, change) -> None:
     label = change['new']
-    if label and label in self.policy.options:
-      self.policy.value = label
-    elif label and self.comparison is not None:
+    if self._picking or not label:
+      return
+    if label not in self.policy.options and self.comparison is not None:
       self.policies[label] = self.comparison.row(label).policy
       self.policy.options = [*self.policy.options, label]
-      self.policy.value = label
+    self.policy.value = label
+
+  def _block_changed(self, _) -> None:
+    self._expanded.clear()  # node ids are per drawing
+    self.refresh()
+
+  def _node_clicked(self, _) -> None:
+    """A click on a collapsed call (scan, cond, jit, nested remat) opens it,
+    a click on an opened one closes it; other nodes draw the same."""
+    node = self.diagram.clicked
+    before = set(self._expanded)
+    self._expanded ^= {node}
+    try:
+      diagram = render_diagram(split_graph(self.current_report(), block=self.current_block(),
+                                           expand=self._expanded))
+    except Exception as e:
+      self._expanded = before
+      self._show_error(e)
+      return
+    if diagram.svg == self.diagram.svg:
+      self._expanded = before  # not a call: nothing to open
+    else:
+      self.diagram.svg = diagram.svg
 
   # -- plumbing --------------------------------------------------------------------
 
-  def _in_background(self, work) -> None:
-    """Run `work` on a thread behind the progress bar, which stays up while
-    any such work runs; an error is shown in the widget."""
-    def run():
-      try:
-        with self._settings.entered():
-          work()
-      except Exception as e:
-        self._show_error(e)
-      finally:
-        with self._lock:
-          self._running -= 1
-          if not self._running:
-            self.progress.layout.visibility = 'hidden'
-            self.status.value = ''
-    thread = threading.Thread(target=run, daemon=True)
-    with self._lock:
-      self._running += 1
-      self.progress.layout.visibility = 'visible'
-      self._threads = [t for t in self._threads if t.is_alive()] + [thread]
-    thread.start()
-
   def wait(self, timeout: float | None = None) -> None:
-    """Block until background work (compiles) is done; for scripts and tests."""
-    while True:  # work may start more work (a search selects its policy)
-      with self._lock:
-        pending = [t for t in self._threads if t.is_alive()]
-      if not pending:
-        return
-      for thread in pending:
-        thread.join(timeout)
-      if timeout is not None:
-        return
+    """Block until all background work (compiles, the comparison, a search
+    and what it starts) is done and shown; for scripts and tests. `timeout`
+    bounds the whole wait: past it, ``TimeoutError``."""
+    self._work.wait(timeout)
 
-  def _progress(self, i, n, label):
-    if n is None:  # a total not known yet: say what runs, without a count
-      self.status.value = html.escape(label)
-      return
-    self.progress.max = max(n, 1)
-    self.progress.value = min(i, n)
-    self.status.value = html.escape(f'{label} ({i}/{n})')
+  def _show_tasks(self, tasks) -> None:
+    self.progress.value = _panels.progress_html(tasks)
 
   def _show_error(self, e: Exception) -> None:
     message = ''.join(traceback.format_exception_only(type(e), e)).strip()
-    self.error.value = f'<p class="error" style="color:#b00020">{html.escape(message)}</p>'
-
-  def _show_warnings(self, warnings) -> None:
-    self.error.value = ''.join(
-        f'<p class="warning" style="color:#8a5a00">{html.escape(w)}</p>' for w in warnings)
+    self.error.value = _panels.error_html(message)
 
   def _repr_mimebundle_(self, **kwargs):
-    # Front ends that run widgets show the widget; the others (a notebook
-    # viewer, nbconvert, a kernel-less reader) fall back to the static HTML
-    # of what the widget shows when first displayed.
+    # Front ends that run widgets show the widget; the others (an untrusted
+    # notebook, a notebook viewer, nbconvert) fall back to static HTML of
+    # what the widget shows when first displayed, the diagram as an image.
     bundle = dict(self.widget._repr_mimebundle_(**kwargs))
-    bundle['text/html'] = self.split_view.value + self.residual_view.value
+    bundle['text/html'] = self._static_html
     return bundle
 
 
-def _costs_html(label, costs, baseline, report) -> str:
-  """The Costs tab: XLA's figures for `label` beside no remat's, the flag
-  when the compiler merged the recompute away, and the memory timeline."""
-  if costs.failed:
-    return f'<p class="error">Compile failed: {html.escape(costs.error)}</p>'
-  def both(value, formatter):
-    return f'{value:,} ({formatter(value)})' if value is not None else MISSING
-  rows = [('device', html.escape(costs.device_kind)),
-          ('temp bytes', both(costs.temp_bytes, format_bytes)),
-          ('peak bytes', both(costs.peak_bytes, format_bytes)),
-          ('no-remat peak bytes',
-           both(baseline.peak_bytes, format_bytes) if not baseline.failed else MISSING),
-          ('XLA FLOPs', both(costs.xla_flops and int(costs.xla_flops), format_flops)),
-          ('compile time', format_seconds(costs.compile_seconds))]
-  table = ''.join(f'<tr><td>{k}</td><td>{v}</td></tr>' for k, v in rows)
-  flag = recompute_eliminated(report, costs)
-  note = f'<p class="warning" style="color:#8a5a00">{html.escape(flag)}</p>' if flag else ''
-  timelines = {label: costs}
-  if not baseline.failed:
-    timelines['no remat'] = baseline
-  caption = f'<caption>compiled under {html.escape(label)}</caption>'
-  return (f'<div class="remat-costs"><table>{caption}{table}</table>{note}'
-          + chart_img(plot_memory_timeline(timelines), 'memory timeline') + '</div>')
-
-
-def _split_html(graph) -> str:
-  svg = inline_svg(graph)
-  # A diagram up to about twice the notebook's width is shrunk to fit; a
-  # larger one scrolls instead, since shrinking it would make it unreadable.
-  width = re.match(r'<svg width="([\d.]+)pt"', svg)
-  if width and float(width.group(1)) <= _SHRINK_TO_FIT_PT:
-    svg = '<svg style="max-width:100%;height:auto" ' + svg[len('<svg '):]
-  return (f'<div class="remat-split" style="overflow:auto;max-height:85vh">'
-          f'{svg}</div>')
-
+def _comparison_html(comparison, selected, search_result) -> str:
+  """The Compare tab: the table (each policy's warnings in its row), the
+  warnings that concern no row, the Pareto chart and memory by policy."""
+  return (comparison_table_html(comparison) + warnings_html(other_warnings(comparison))
+          + chart_img(plot_pareto(comparison, selected=selected, search_result=search_result),
+                      'peak memory against FLOPs')
+          + chart_img(plot_memory_breakdown(comparison), 'memory by policy'))

@@ -15,6 +15,9 @@ in ``expand=`` to open a collapsed call (each node's tooltip shows its id).
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+from dataclasses import dataclass
 from typing import Iterable
 
 import graphviz
@@ -39,9 +42,28 @@ LEGEND_NODES = 6
 _MIN_NODES = 24
 
 
+class SplitDigraph(graphviz.Digraph):
+  """A ``graphviz.Digraph`` that a notebook shows as an image.
+
+  ``graphviz.Digraph`` shows as ``image/svg+xml``, which JupyterLab renders
+  only in a trusted notebook (a committed notebook opens as text), and it
+  prints ``dot``'s warnings into the cell. This shows the SVG as an
+  ``<img>`` in HTML, which the sanitizer of an untrusted notebook keeps, at
+  natural size, with the warnings folded into a note.
+  """
+
+  def _repr_mimebundle_(self, include=None, exclude=None, **_):
+    from remat_explorer.viz.embed import render_diagram
+    from remat_explorer.viz.viewer import svg_img_html
+    diagram = render_diagram(self)
+    image = svg_img_html(diagram.svg) if diagram.svg else ''
+    return {'text/html': image + diagram.notes_html, 'text/plain': repr(self)}
+
+
 def split_graph(report: RematReport, *, block: str | None = None,
-                max_nodes: int = 300, expand: Iterable[str] = ()) -> graphviz.Digraph:
-  """The split of `report`'s remat blocks as a ``graphviz.Digraph``.
+                max_nodes: int = 300, expand: Iterable[str] = ()) -> SplitDigraph:
+  """The split of `report`'s remat blocks as a ``graphviz.Digraph``
+  (``SplitDigraph``: shown in a notebook as an image).
 
   The drawing of ``split_diagram(report, ...)``; the arguments are its.
   """
@@ -92,16 +114,41 @@ def split_diagram(report: RematReport, *, block: str | None = None,
 
 
 def to_svg(digraph: graphviz.Digraph) -> str:
-  """Render `digraph` to SVG text with Graphviz's ``dot`` binary."""
-  try:
-    return digraph.pipe(format='svg', encoding='utf-8')
-  except graphviz.ExecutableNotFound as e:
+  """Render `digraph` to SVG text with Graphviz's ``dot`` binary; its
+  warnings are dropped (``render_svg`` keeps them)."""
+  return render_svg(digraph).svg
+
+
+@dataclass(frozen=True)
+class RenderedSvg:
+  svg: str
+  warnings: tuple[str, ...]
+  """What ``dot`` wrote on stderr, one line each, duplicates dropped, e.g.
+  "Warning: Unable to reclaim box space in spline routing ..." (an edge it
+  routed roughly). Kept for a note rather than printed into a notebook."""
+
+
+def render_svg(digraph: graphviz.Digraph) -> RenderedSvg:
+  """Render `digraph` with ``dot -Tsvg``, its stderr captured.
+
+  ``dot`` is run directly rather than through ``graphviz.pipe``, which
+  writes the warnings to ``sys.stderr`` (into the notebook cell).
+  """
+  dot = shutil.which('dot')
+  if dot is None:
     raise RuntimeError(
         'Rendering needs the Graphviz `dot` program, which was not found on '
         'PATH. Install Graphviz (`apt-get install graphviz` on Debian/Ubuntu, '
         '`brew install graphviz` on macOS, `conda install graphviz` in conda). '
         'Without it, the diagram is still available as DOT text: '
-        '`digraph.source`.') from e
+        '`digraph.source`.')
+  run = subprocess.run([dot, '-Tsvg'], input=digraph.source.encode('utf-8'),
+                       capture_output=True, check=False)
+  stderr = run.stderr.decode('utf-8', errors='replace')
+  if run.returncode != 0:
+    raise RuntimeError(f'Graphviz dot failed (exit {run.returncode}): {stderr.strip()}')
+  warnings = tuple(dict.fromkeys(line.strip() for line in stderr.splitlines() if line.strip()))
+  return RenderedSvg(run.stdout.decode('utf-8'), warnings)
 
 
 def _chosen_blocks(report: RematReport, name: str | None) -> list[BlockReport]:
@@ -196,10 +243,10 @@ def _name_list(names: list[str], shown: int = 4) -> str:
 
 # -- Graphviz ------------------------------------------------------------------
 
-def _emit(diagram: Diagram) -> graphviz.Digraph:
+def _emit(diagram: Diagram) -> SplitDigraph:
   title = html_text(diagram.title)
   notes = ''.join(f'<br/><font point-size="10">{html_text(n)}</font>' for n in diagram.notes)
-  g = graphviz.Digraph(
+  g = SplitDigraph(
       'remat_split',
       graph_attr=dict(label=f'<<b>{title}</b>{notes}>', labelloc='t', fontname='Helvetica',
                       compound='true', rankdir='TB', nodesep='0.25', ranksep='0.35'),

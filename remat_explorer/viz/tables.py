@@ -13,7 +13,7 @@ from remat_explorer.analysis.compare import Comparison
 from remat_explorer.analysis.report import RematReport, Residual
 from remat_explorer.analysis.sharding import mesh_text
 from remat_explorer.viz.text import (MISSING, format_bytes, format_flops, format_seconds,
-                                     html_text)
+                                     html_text, unique_lines)
 
 RESIDUAL_SORT_KEYS = {
     'bytes': lambda r: r.bytes,
@@ -44,11 +44,15 @@ def residual_table_html(report: RematReport, *, sort_by: str = 'bytes',
   headings = ['#', 'shape', 'dtype', 'bytes', 'origin', 'name', 'block', 'source line']
   if sharded:
     headings[4:4] = ['sharding', 'per device']
+  headings, cells = drop_empty_columns(headings, [_residual_cells(r, sharded) for r in rows],
+                                       keep=('#',))
   head = ''.join(f'<th>{h}</th>' for h in headings)
-  body = ''.join(_residual_row(r, sharded) for r in rows)
+  body = ''.join('<tr>' + ''.join(f'<td>{html_text(c)}</td>' for c in row) + '</tr>'
+                 for row in cells)
   total = sum(r.bytes for r in report.residuals)
   caption = (f'{len(rows)} residuals, {format_bytes(total)} under policy '
-             f'{html_text(report.policy)}, sorted by {sort_by}')
+             f'{html_text(report.policy)} (lowering {html_text(report.lowering)}), '
+             f'sorted by {sort_by}')
   if sharded:
     caption += (f'; {format_bytes(report.residual_bytes_per_device)} per device on '
                 f'{report.num_devices} device(s)'
@@ -58,7 +62,7 @@ def residual_table_html(report: RematReport, *, sort_by: str = 'bytes',
           f'<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>')
 
 
-def _residual_row(r: Residual, sharded: bool = False) -> str:
+def _residual_cells(r: Residual, sharded: bool = False) -> list[str]:
   origin = r.argument if r.kind == 'argument' and r.argument else (r.primitive or r.kind)
   if r.memory_space != 'device':
     origin += f' (offloaded to {r.memory_space})'
@@ -66,7 +70,18 @@ def _residual_row(r: Residual, sharded: bool = False) -> str:
            origin, r.name or '', r.block or '', r.source or '']
   if sharded:
     cells[4:4] = [r.sharding or MISSING, _per_device_cell(r)]
-  return '<tr>' + ''.join(f'<td>{html_text(c)}</td>' for c in cells) + '</tr>'
+  return cells
+
+
+def drop_empty_columns(headings: list[str], rows: list[list[str]], *,
+                       keep: Iterable[str] = ()) -> tuple[list[str], list[list[str]]]:
+  """`headings` and `rows` without the columns that hold nothing (blank or
+  ``MISSING``) in any row, such as run times when nothing was run; the
+  columns named in `keep` stay."""
+  keep = set(keep)
+  kept = [i for i, h in enumerate(headings)
+          if h in keep or any(row[i] not in ('', MISSING) for row in rows)]
+  return [headings[i] for i in kept], [[row[i] for i in kept] for row in rows]
 
 
 def _per_device_cell(r: Residual) -> str:
@@ -88,13 +103,14 @@ def comparison_table_html(comparison: Comparison) -> str:
     headings[2:6] = ['residual bytes / device', 'compiled temp / device',
                      'compiled peak / device', 'collectives (recompute)', 'FLOPs (jaxpr)',
                      'FLOPs (XLA) / device']
-  head = ''.join(f'<th>{h}</th>' for h in headings)
-  body = []
+  rows, classes, notes = [], [], row_warnings(comparison)
   for r in comparison.rows:
     if r.failed:
       note = f'compile failed: {r.costs.error}'
     else:
       note = r.recompute_eliminated or ''
+    # The row's warning repeats its flag: the warning alone says both.
+    note = notes.get(r.label) or note
     cells = [r.label, format_bytes(r.residual_bytes), format_bytes(r.temp_bytes),
              format_bytes(r.peak_bytes), format_flops(r.flops), format_flops(r.xla_flops),
              format_flops(r.recompute_flops), format_seconds(r.compile_seconds),
@@ -103,10 +119,16 @@ def comparison_table_html(comparison: Comparison) -> str:
       collectives = (MISSING if r.collectives is None
                      else f'{r.collectives} ({r.recompute_collectives})')
       cells[2:4] = [format_bytes(r.residual_bytes_per_device), *cells[2:4], collectives]
-    css = ' class="pareto"' if r.on_pareto_front else ''
-    body.append(f'<tr{css}>' + ''.join(f'<td>{html_text(c)}</td>' for c in cells) + '</tr>')
-  caption = (f'{html_text(comparison.function)} on {html_text(comparison.device_kind)}; '
-             f'charts use the {html_text(comparison.flops_used_by_charts)} FLOP count')
+    rows.append(cells)
+    classes.append(' class="pareto"' if r.on_pareto_front else '')
+  headings, rows = drop_empty_columns(headings, rows, keep=('policy',))
+  head = ''.join(f'<th>{h}</th>' for h in headings)
+  body = [f'<tr{css}>' + ''.join(f'<td>{html_text(c)}</td>' for c in cells) + '</tr>'
+          for css, cells in zip(classes, rows)]
+  lowering = comparison_lowering(comparison)
+  caption = (f'{html_text(comparison.function)} on {html_text(comparison.device_kind)}'
+             + (f', lowering {html_text(lowering)}' if lowering else '')
+             + f'; charts use the {html_text(comparison.flops_used_by_charts)} FLOP count')
   if sharded:
     caption += (f'; partitioned over {comparison.num_devices} devices'
                 + (f' (mesh {html_text(mesh_text(comparison.mesh_shape))})'
@@ -116,13 +138,39 @@ def comparison_table_html(comparison: Comparison) -> str:
           f'<thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>')
 
 
+def comparison_lowering(comparison: Comparison) -> str | None:
+  """The lowering the comparison's rows were analyzed under (one for all)."""
+  lowerings = {r.report.lowering for r in comparison.rows if r.report is not None}
+  return lowerings.pop() if len(lowerings) == 1 else None
+
+
+def row_warnings(comparison: Comparison) -> dict[str, str]:
+  """The comparison's warnings that concern one row (they begin with its
+  label), by label, repeats folded (``text.unique_lines``)."""
+  out: dict[str, str] = {}
+  for warning in unique_lines(comparison.warnings):
+    for r in comparison.rows:
+      if warning.startswith(f'{r.label}: '):
+        out[r.label] = warning[len(r.label) + 2:]
+        break
+  return out
+
+
+def other_warnings(comparison: Comparison) -> list[str]:
+  """The comparison's warnings that concern no single row."""
+  labels = tuple(f'{r.label}: ' for r in comparison.rows)
+  return [w for w in unique_lines(comparison.warnings) if not w.startswith(labels)]
+
+
 # -- jaxprs -------------------------------------------------------------------------------
 
 def jaxpr_html(jaxpr, *, highlight_inputs: Iterable[int] = (),
                highlight_outputs: Iterable[int] = ()) -> str:
   """`jaxpr` as escaped, preformatted text, with the variables that are its
   inputs or outputs at the given positions marked wherever they appear."""
-  text = str(jaxpr)
+  # Without colour: in a notebook JAX prints jaxprs with terminal colour
+  # codes, which HTML would show raw.
+  text = jaxpr.pretty_print(use_color=False)
   lines = text.splitlines()
   if len(lines) > MAX_JAXPR_LINES:
     cut = len(lines) - MAX_JAXPR_LINES

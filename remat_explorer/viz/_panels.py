@@ -1,0 +1,110 @@
+"""The Explorer's HTML pieces: pure functions of analysis data and of what
+is running, so the widget only assigns their results.
+"""
+
+from __future__ import annotations
+
+from remat_explorer.analysis.compare import recompute_eliminated
+from remat_explorer.viz.charts import plot_memory_timeline
+from remat_explorer.viz.embed import chart_img
+from remat_explorer.viz.text import (MISSING, format_bytes, format_flops, format_seconds,
+                                     html_text, unique_lines)
+
+STALE = 'remat-stale'
+"""Class of a view whose figures are being recomputed: greyed, labelled."""
+OUTDATED = 'remat-outdated'
+"""Class of a view computed under other controls than the current ones."""
+
+CSS = f"""<style>
+.remat-explorer .{STALE}, .remat-explorer .{OUTDATED} {{ position: relative; }}
+.remat-explorer .{STALE} > *, .remat-explorer .{OUTDATED} > * {{ opacity: 0.4; }}
+.remat-explorer .{STALE}::before, .remat-explorer .{OUTDATED}::before {{
+  position: absolute; top: 0.3em; right: 0.5em; z-index: 1; padding: 0.1em 0.6em;
+  background: #fff4e5; border: 1px solid #f0a020; border-radius: 3px; font-size: 12px;
+}}
+.remat-explorer .{STALE}::before {{ content: 'updating…'; }}
+.remat-explorer .{OUTDATED}::before {{
+  content: 'computed under another lowering: press “compare all policies” again';
+}}
+.remat-explorer .remat-caption {{ color: #444; font-size: 12px; margin: 0.2em 0 0.4em; }}
+.remat-explorer .remat-task {{ display: flex; align-items: center; gap: 0.5em;
+  font-size: 12px; white-space: nowrap; }}
+.remat-explorer .remat-task progress {{ width: 9em; }}
+.remat-explorer p.warning {{ color: #8a5a00; margin: 0.2em 0; }}
+.remat-explorer p.error {{ color: #b00020; }}
+.remat-explorer button {{ white-space: nowrap; }}
+/* Figures on one line (“153.2 kFLOP”); the last column (notes, source) wraps. */
+.remat-explorer table td {{ white-space: nowrap; }}
+.remat-explorer table td:last-child {{ white-space: normal; min-width: 16em; }}
+</style>"""
+
+
+def progress_html(tasks) -> str:
+  """A line per running task (``_work.Task``): a determinate ``<progress>``
+  where its number of steps is known, an indeterminate one (no value: the
+  browser animates it) where it is not, e.g. a single compile or a search
+  that decides as it goes how many compiles it needs."""
+  lines = []
+  for t in tasks:
+    text = html_text(t.label + (f': {t.step}' if t.step else ''))
+    if t.total:
+      bar = f'<progress value="{min(t.done, t.total)}" max="{t.total}"></progress>'
+      text += f' ({t.done}/{t.total})'
+    else:
+      bar = '<progress></progress>'
+      text += '…'
+    lines.append(f'<div class="remat-task">{bar}<span>{text}</span></div>')
+  return ''.join(lines)
+
+
+def caption_html(policy: str, lowering: str, device: str, what: str = 'showing') -> str:
+  """The line that says what a view shows: ``'<what> under <policy> ·
+  lowering <lowering> · <device>'``."""
+  return (f'<p class="remat-caption">{html_text(what)} under {html_text(policy)} · '
+          f'lowering {html_text(lowering)} · {html_text(device)}</p>')
+
+
+def warnings_html(warnings) -> str:
+  return ''.join(f'<p class="warning">{html_text(w)}</p>' for w in unique_lines(warnings))
+
+
+def error_html(message: str) -> str:
+  return f'<p class="error">{html_text(message)}</p>'
+
+
+def costs_html(label, lowering, costs, baseline, report) -> str:
+  """The Costs tab: XLA's figures for `label` beside no remat's, the flag
+  when the compiler merged the recompute away, and the memory timeline of
+  the two."""
+  caption = caption_html(label, lowering, f'device {costs.device_kind}', 'compiled')
+  if costs.failed:
+    return caption + error_html(f'Compile failed: {costs.error}')
+  def both(value, formatter):
+    return f'{value:,} ({formatter(value)})' if value is not None else MISSING
+  rows = [('device', html_text(costs.device_kind)),
+          ('temp bytes', both(costs.temp_bytes, format_bytes)),
+          ('peak bytes', both(costs.peak_bytes, format_bytes)),
+          ('no-remat peak bytes',
+           both(baseline.peak_bytes, format_bytes) if not baseline.failed else MISSING),
+          ('XLA FLOPs', both(costs.xla_flops and int(costs.xla_flops), format_flops)),
+          ('compile time', format_seconds(costs.compile_seconds))]
+  table = ''.join(f'<tr><td>{k}</td><td>{v}</td></tr>' for k, v in rows)
+  flag = recompute_eliminated(report, costs)
+  timelines = {label: costs}
+  if not baseline.failed:
+    timelines['no remat'] = baseline
+  return (f'<div class="remat-costs">{caption}<table>{table}</table>'
+          + warnings_html([flag] if flag else [])
+          + chart_img(plot_memory_timeline(timelines), 'memory timeline') + '</div>')
+
+
+def device_text(report) -> str:
+  """Where `report`'s program runs: the default device's kind, and for a
+  sharded program how many devices and which mesh."""
+  import jax
+  from remat_explorer.analysis.sharding import mesh_text
+  kind = jax.devices()[0].device_kind
+  if report.num_devices <= 1:
+    return f'device {kind}'
+  mesh = mesh_text(report.mesh_shape)
+  return f'{report.num_devices} × {kind}' + (f' (mesh {mesh})' if mesh else '')
