@@ -21,3 +21,10 @@ def test_public_api_is_reexported_at_top_level():
                'saved_residuals', 'print_saved_residuals'):
     assert getattr(rx, name) is getattr(engine, name)
   assert set(vars(jax.checkpoint_policies)) == set(vars(rx.checkpoint_policies))
+
+
+def test_viz_renders_analysis_data_and_imports_nothing_from_the_engine():
+  importers = sorted(
+      str(p.relative_to(PACKAGE)) for p in (PACKAGE / 'viz').rglob('*.py')
+      if re.search(r'^\s*(from|import)\s+(remat_explorer\.engine|jax\._src)', p.read_text(), re.M))
+  assert importers == []

@@ -30,6 +30,7 @@ Modules, in the order a function flows through them:
 """
 
 from remat_explorer.analysis.analyze import analyze
+from remat_explorer.analysis.program import DEFAULT_LOWERING, LOWERINGS
 from remat_explorer.analysis.cache import clear_caches
 from remat_explorer.analysis.collectives import Collective
 from remat_explorer.analysis.compare import (Comparison, PolicyRow,
@@ -52,5 +53,5 @@ __all__ = [
     'compare', 'Comparison', 'PolicyRow', 'builtin_policies', 'NO_REMAT',
     'describe_policy', 'search_policy', 'SearchResult', 'SaveChosen',
     'EquationPattern', 'parse_policy',
-    'residuals_at_peak', 'live_at_peak', 'PeakBuffer', 'PeakResidual', 'Collective', 'clear_caches',
+    'LOWERINGS', 'DEFAULT_LOWERING', 'residuals_at_peak', 'live_at_peak', 'PeakBuffer', 'PeakResidual', 'Collective', 'clear_caches',
 ]

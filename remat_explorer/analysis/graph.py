@@ -24,12 +24,14 @@ Node ids are stable: ``f<i>_e<j>`` / ``b<i>_e<j>`` is equation ``j`` of the
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from jax.extend.core import Literal, jaxprs_in_params
 
 from remat_explorer.analysis import flops as flop_count
-from remat_explorer.analysis.origins import CodeSite, display_name, user_frames, user_site
+from remat_explorer.analysis.origins import (CodeSite, display_name, frames_of,
+                                             is_library_file, user_frames, user_site)
 from remat_explorer.analysis.report import BlockReport, RematReport, aval_text
 from remat_explorer.engine import _jax_internals as jx
 
@@ -192,6 +194,7 @@ class _Builder:
         block.recompute_flops, len(split.recomputed),
         tuple(b.name for b in same) if len(same) > 1 else ()))
     grouping = _Grouping(block, self.module_paths)
+    first_node = len(self.nodes)
     known, staged = block.known_jaxpr, block.staged_jaxpr
     f_in, f_out = self._jaxpr(i, 'forward', f'f{i}', known, ['input'] * len(known.invars),
                               frozenset(), grouping)
@@ -205,6 +208,9 @@ class _Builder:
     self._outputs(i, 'forward', f'f{i}', known.outvars[:n_out], f_out[:n_out], 'output')
     self._outputs(i, 'backward', f'b{i}', staged.outvars, b_out, 'tangent out')
     self._residual_edges(i, block, split, f_in, f_out, b_in)
+    self.nodes[first_node:] = [
+        n if not n.group else dataclasses.replace(n, group=grouping.names(n.group))
+        for n in self.nodes[first_node:]]
 
   # -- jaxprs ---------------------------------------------------------------------
 
@@ -328,7 +334,11 @@ def _count(jaxpr) -> int:
 class _Grouping:
   """Where an equation sits in the user's terms, below its block: its
   module path relative to the block's where the program's parameters name
-  modules, else the user's functions the block calls on the way to it."""
+  modules, else the user's functions the block calls on the way to it (the
+  same function called from two lines is two groups, ``_layer_norm @158``
+  and ``_layer_norm @161``); inside either, the equations a library
+  function made (``gelu``, ``softmax``, ``einsum``) are grouped by that
+  function."""
 
   def __init__(self, block: BlockReport, module_paths):
     self.block_path = [p for p in block.module_path.split('/') if p]
@@ -338,26 +348,71 @@ class _Grouping:
     self.by_module = module_paths is not None and any(
         len([p for p in module_paths.of(e).split('/') if p]) > len(self.block_path)
         for jaxpr in (block.known_jaxpr, block.staged_jaxpr) for e in jaxpr.eqns)
+    self._sites: dict[str, set[int]] = {}
 
-  def of(self, eqn, context) -> tuple[str, tuple[str, ...]]:
+  def of(self, eqn, context) -> tuple[str, tuple]:
+    """(module path, raw group): the group's parts are module names, or
+    (function, line it was called from) pairs, made names by ``names``."""
     module_path = '' if self.paths is None else self.paths.of(eqn)
     if not module_path and context is not None and self.paths is not None:
       module_path = self.paths.of(context)
-    if not self.by_module:
-      return module_path, self._functions(eqn, context)
-    parts = [p for p in module_path.split('/') if p]
-    if parts[:len(self.block_path)] == self.block_path:
-      return module_path, tuple(parts[len(self.block_path):])
-    return module_path, ()
+    if self.by_module:
+      parts = [p for p in module_path.split('/') if p]
+      group = (tuple(parts[len(self.block_path):])
+               if parts[:len(self.block_path)] == self.block_path else ())
+    else:
+      group = self._functions(eqn, context)
+    library = _library_function(eqn, context)
+    if library and (not group or group[-1] != library):
+      group = (*group, library)
+    return module_path, group
 
-  def _functions(self, eqn, context) -> tuple[str, ...]:
+  def _functions(self, eqn, context) -> tuple:
     frames = user_frames(eqn.source_info.traceback)
     if not frames and context is not None:
       frames = user_frames(context.source_info.traceback)
     names = [display_name(f[2]) for f in frames]
-    if self.entry in names:
-      names = names[names.index(self.entry) + 1:]
-    return tuple(dict.fromkeys(names))
+    start = names.index(self.entry) + 1 if self.entry in names else 0
+    parts = []
+    for caller, frame in zip(frames[start - 1:] if start else [None] + list(frames),
+                             frames[start:]):
+      name = display_name(frame[2])
+      line = caller[1] if caller is not None else 0
+      self._sites.setdefault(name, set()).add(line)
+      parts.append((name, line))
+    return tuple(parts)
+
+  def names(self, group: tuple) -> tuple[str, ...]:
+    """The group's parts as shown: a function called from several lines of
+    the block gets the line it was called from."""
+    out = []
+    for part in group:
+      if isinstance(part, tuple):
+        name, line = part
+        out.append(f'{name} @{line}' if len(self._sites.get(name, ())) > 1 else name)
+      else:
+        out.append(part)
+    return tuple(out)
+
+
+def _library_function(eqn, context) -> str | None:
+  """The library function (``gelu``, ``softmax``) the user's code called
+  to make `eqn`, when it is a public one; operators and JAX's internals
+  are not."""
+  for source in (eqn, context):
+    if source is None:
+      continue
+    frames = frames_of(source.source_info.traceback)
+    users = [i for i, f in enumerate(frames) if not is_library_file(f[0])]
+    if not users or users[-1] + 1 >= len(frames):
+      continue
+    function = frames[users[-1] + 1][2]
+    # A module's method (Linear.__call__) is already its module's group;
+    # private helpers and operators say nothing to the user.
+    if '.' in function or '<' in function or function.startswith('_') or function == 'bind':
+      return None
+    return function
+  return None
 
 
 @dataclass(frozen=True)

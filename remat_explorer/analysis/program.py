@@ -16,13 +16,18 @@ from typing import Any, Callable, Mapping
 from remat_explorer.analysis.origins import entry_function, user_site
 from remat_explorer.analysis.policy_info import NO_REMAT, describe_policy
 from remat_explorer.engine import _jax_internals as jx
-from remat_explorer.engine.lowering import check_strategy, current_strategy
+from remat_explorer.engine.lowering import (DEFAULT_STRATEGY, STRATEGIES, check_strategy,
+                                           current_strategy)
 from remat_explorer.engine.primitive import checkpoint_p
 from remat_explorer.engine.refs import DEFAULT_REF_EFFECTS
 
 core = jx.core
 
 PolicyChoice = Callable[..., Any] | Mapping[str, Callable[..., Any]] | None
+
+LOWERINGS = STRATEGIES
+"""The lowering strategies a block may use (``checkpoint(lowering=...)``)."""
+DEFAULT_LOWERING = DEFAULT_STRATEGY
 
 
 

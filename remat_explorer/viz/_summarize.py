@@ -1,7 +1,7 @@
 """Keeping a split diagram under a node budget, without hiding its shape.
 
 Applied in this order by ``split_graph.split_diagram`` once a diagram has too
-many nodes: identical blocks drawn once (``dedupe_blocks``); runs of
+many nodes (blocks whose splits are alike are drawn once already); runs of
 equations that repeat with a period, such as the layers of an unrolled
 model, drawn once with ×N (``fold_repeats``); chains of elementwise ops
 folded (``fold_chains``); and what still does not fit elided into "⋯ N more"
@@ -16,7 +16,6 @@ from collections import defaultdict
 
 import numpy as np
 
-from remat_explorer.analysis.flops import eqn_flops
 from remat_explorer.viz._graph import Diagram, Node, Section
 from remat_explorer.viz.text import format_flops
 
@@ -34,7 +33,7 @@ def fold_repeats(diagram: Diagram, *, min_repeats: int = 3,
   moved = {}
   for section in diagram.sections():
     nodes = list(section.nodes.values())
-    body = [n for n in nodes if n.kind in ('eqn', 'sub')]
+    body = [n for n in nodes if n.kind in ('eqn', 'sub', 'group')]
     runs = _periodic_runs([_signature(n) for n in body], min_repeats, max_period)
     if not runs:
       continue
@@ -90,15 +89,15 @@ def _periodic_runs(signatures: list, min_repeats: int,
 def _repeat_node(nid: str, segment: list[Node], period: int, repeats: int) -> Node:
   one = [n.lines[0] for n in segment[:period]]
   shown = ' → '.join(one) if period <= 4 else ' → '.join(one[:3]) + f' → … ({period} ops)'
-  recomputed = sum(len(n.eqns) for n in segment if n.recomputed)
+  recomputed = sum(n.recomputed_equations for n in segment)
   names = [n.name for n in segment if n.name is not None]
-  total = sum(len(n.eqns) for n in segment)
+  total = sum(n.equations for n in segment)
   lines = [f'{shown} ×{repeats}', segment[period - 1].lines[-1]]
   if 0 < recomputed < total:
     lines.append(f'{recomputed} of {total} recomputed')
   return Node(nid, lines, 'folded', recomputed=recomputed == total,
-              eqns=[e for n in segment for e in n.eqns],
-              names=names)
+              flops=sum(n.flops for n in segment), equations=total,
+              recomputed_equations=recomputed, names=names)
 
 
 def fold_chains(diagram: Diagram) -> None:
@@ -129,7 +128,9 @@ def fold_chains(diagram: Diagram) -> None:
     for chain in (c for c in chains if len(c) > 1):
       head = chain[0]
       head.kind, head.lines = 'folded', [_chain_label(chain), chain[-1].lines[-1]]
-      head.eqns = [e for n in chain for e in n.eqns]
+      head.flops = sum(n.flops for n in chain)
+      head.equations = sum(n.equations for n in chain)
+      head.recomputed_equations = sum(n.recomputed_equations for n in chain)
       for n in chain[1:]:
         moved[n.id] = head.id
         del section.nodes[n.id]
@@ -204,28 +205,13 @@ def _elide_section(section: Section, share: int) -> dict[str, str]:
 def _stand_in(section: Section, kind: str, gone: list[Node]) -> Node:
   nid = f'{section.id}_more_{kind}'
   what = {'input': 'inputs', 'output': 'outputs', 'body': 'equations'}[kind]
-  eqns = [e for n in gone for e in n.eqns]
-  lines = [f'⋯ {len(eqns) if kind == "body" else len(gone)} more {what}']
-  recomputed = sum(len(n.eqns) for n in gone if n.recomputed)
+  equations = sum(n.equations for n in gone)
+  lines = [f'⋯ {equations if kind == "body" else len(gone)} more {what}']
+  recomputed = sum(n.recomputed_equations for n in gone)
+  flops = sum(n.flops for n in gone)
   if kind == 'body':
-    lines.append(format_flops(sum(eqn_flops(e) for e in eqns)))
+    lines.append(format_flops(flops))
     if recomputed:
       lines.append(f'{recomputed} recomputed')
-  return Node(nid, lines, 'elided', eqns=eqns)
-
-
-def dedupe_blocks(blocks: list) -> list[tuple[object, list]]:
-  """Group blocks whose known and staged jaxprs print the same."""
-  groups: dict[tuple, list] = {}
-  for b in blocks:
-    key = (len(b.known_jaxpr.eqns), len(b.staged_jaxpr.eqns))
-    groups.setdefault(key, []).append(b)
-  out = []
-  for same_size in groups.values():
-    by_text: dict[tuple, list] = {}
-    for b in same_size:
-      text = (str(b.known_jaxpr), str(b.staged_jaxpr)) if len(same_size) > 1 else ()
-      by_text.setdefault(text, []).append(b)
-    out.extend((g[0], g) for g in by_text.values())
-  order = {id(b): i for i, b in enumerate(blocks)}
-  return sorted(out, key=lambda pair: order[id(pair[0])])
+  return Node(nid, lines, 'elided', flops=flops, equations=equations,
+              recomputed_equations=recomputed)

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import traceback
 
-from remat_explorer.analysis import (NO_REMAT, analyze, builtin_policies, compare,
-                                     compile_costs, search_policy)
+from remat_explorer.analysis import (DEFAULT_LOWERING, LOWERINGS, NO_REMAT, analyze,
+                                     builtin_policies, compare, compile_costs,
+                                     search_policy)
 from remat_explorer.analysis.context import TraceSettings
-from remat_explorer.engine.lowering import DEFAULT_STRATEGY, STRATEGIES
-from remat_explorer.engine.policies import checkpoint_policies
+import jax
 from remat_explorer.viz import _panels
 from remat_explorer.viz._panels import OUTDATED, STALE, caption_html, warnings_html
 from remat_explorer.viz._work import Work
@@ -100,7 +100,7 @@ class Explorer:
     self.names_select = w.SelectMultiple(options=self.names, value=self.names[:1],
                                          description='names', rows=min(6, len(self.names) or 1),
                                          layout=w.Layout(display='none'))
-    self.lowering = w.Dropdown(options=list(STRATEGIES), value=DEFAULT_STRATEGY,
+    self.lowering = w.Dropdown(options=list(LOWERINGS), value=DEFAULT_LOWERING,
                                description='lowering')
     blocks = [_ALL_BLOCKS] + [b.name for b in first.blocks]
     self.block = w.Dropdown(options=blocks, value=_ALL_BLOCKS, description='block',
@@ -155,7 +155,7 @@ class Explorer:
 
   def current_policy(self):
     if self.policy.value == _NAMED:
-      return checkpoint_policies.save_only_these_names(*self.names_select.value)
+      return jax.checkpoint_policies.save_only_these_names(*self.names_select.value)
     return self.policies[self.policy.value]
 
   def current_report(self):
@@ -315,8 +315,9 @@ class Explorer:
     self.refresh()
 
   def _node_clicked(self, _) -> None:
-    """A click on a collapsed call (scan, cond, jit, nested remat) opens it,
-    a click on an opened one closes it; other nodes draw the same."""
+    """A click on a closed group (a module or function) or call (scan,
+    cond, jit, nested remat) opens it, a click on an opened one's cluster
+    closes it; other nodes draw the same."""
     node = self.diagram.clicked
     before = set(self._expanded)
     self._expanded ^= {node}

@@ -1,16 +1,20 @@
 """The known/staged split of each remat block, as a Graphviz diagram.
 
-``split_diagram(report)`` lays out, for every block differentiation split, its
-forward (known) jaxpr in one cluster and its backward (staged) jaxpr in
+``split_diagram(report)`` lays out, for every block differentiation split,
+its forward (known) half in one cluster and its backward (staged) half in
 another, with one highlighted edge per residual crossing from the first to
-the second, as plain data (``_graph.Diagram``); ``split_graph`` turns that into
-a ``graphviz.Digraph`` and ``to_svg`` renders it with the ``dot`` binary. All
-three are pure functions of a ``RematReport``.
+the second. It draws the analysis's plain graph of the split
+(``report.graph``, ``analysis.graph``): equations gathered into labelled
+boxes by where they sit in the user's model (module path, or the user's
+functions), each opened by passing its id in ``expand=`` (a click in the
+Explorer), down to primitives (``_grouped``). ``split_graph`` turns the
+drawing into a ``graphviz.Digraph`` and ``render_svg`` renders it with the
+``dot`` binary. All are pure functions of a ``RematReport``.
 
-Node ids are stable: ``f<i>_e<j>`` / ``b<i>_e<j>`` is equation ``j`` of the
-``i``-th drawn block's forward / backward jaxpr, ``..._i<k>`` its inputs, and
-``<id>_j<k>_e<j>`` equations inside the ``k``-th jaxpr of a call; pass an id
-in ``expand=`` to open a collapsed call (each node's tooltip shows its id).
+Node ids are stable: ``f<i>/attention/query`` is a group of the ``i``-th
+drawn block's forward side (``b<i>...`` the backward side), ``f<i>_e<j>``
+equation ``j`` of its forward jaxpr, and ``<id>_j<k>_e<j>`` an equation
+inside the ``k``-th jaxpr of a call; each node's tooltip shows its id.
 """
 
 from __future__ import annotations
@@ -22,22 +26,24 @@ from typing import Iterable
 
 import graphviz
 
-from remat_explorer.analysis.report import BlockReport, RematReport
-from remat_explorer.viz import _graph, _summarize
-from remat_explorer.viz._blocks import aval_bytes, block_split
+from remat_explorer.analysis.graph import split_graph_of
+from remat_explorer.analysis.report import RematReport
+from remat_explorer.viz import _summarize
 from remat_explorer.viz._graph import Diagram, Edge, Node, Section
+from remat_explorer.viz._grouped import ALL, _name_list, grouped_diagram
 from remat_explorer.viz.text import format_bytes, format_flops, html_text
-from remat_explorer.engine import _jax_internals as jx
 
 RESIDUAL_COLOR = '#d62728'
 RECOMPUTED_FILL = '#ffc966'
 NAMED_FILL = '#c7e9c0'
 FILLS = {'input': '#eeeeee', 'residual': '#fde0dd', 'saved': '#fde0dd',
          'tangent': '#deebf7', 'const': '#eeeeee', 'output': '#eeeeee',
-         'eqn': '#ffffff', 'sub': '#e5e0f5', 'folded': '#ffffff', 'elided': '#ffffff'}
+         'eqn': '#ffffff', 'sub': '#e5e0f5', 'group': '#e8f1fb', 'folded': '#ffffff',
+         'elided': '#ffffff'}
 SHAPES = {'input': 'oval', 'output': 'oval', 'eqn': 'box', 'sub': 'box3d',
-          'folded': 'cds', 'elided': 'note'}
-LEGEND_NODES = 6
+          'group': 'box', 'folded': 'cds', 'elided': 'note'}
+PARTLY_RECOMPUTED_FILL = '#fde7bd'
+LEGEND_NODES = 7
 """Nodes the legend takes out of the budget."""
 _MIN_NODES = 24
 
@@ -77,32 +83,19 @@ def split_diagram(report: RematReport, *, block: str | None = None,
   Args:
     report: from ``remat_explorer.analysis.analyze``.
     block: a block name (``BlockReport.name``) to draw that block only;
-      default: every block that differentiation split.
-    max_nodes: above this many nodes the diagram is summarized (identical
-      blocks drawn once with ×N, repeated runs of equations such as
-      unrolled layers drawn once with ×N, chains of elementwise ops folded,
-      then the middle of long jaxprs elided); it never has many more than
-      this.
-    expand: ids of collapsed call nodes (scan, cond, while, jit, nested
-      checkpoints) to draw open.
+      default: every block that differentiation split, blocks whose splits
+      are alike (unrolled layers) drawn once.
+    max_nodes: above this many nodes (once groups are opened) the diagram is
+      summarized (repeated runs of equations drawn once with ×N, chains of
+      elementwise ops folded, then the middle of long jaxprs elided); it
+      never has many more than this.
+    expand: ids of groups and calls to draw open (a group opens one level
+      down: the modules or functions inside it, then primitives), or
+      ``'all'`` to open everything.
   """
-  blocks = _chosen_blocks(report, block)
+  graph = report.graph if block is None else split_graph_of(report, block)
+  diagram = grouped_diagram(graph, expand=expand if expand == ALL else frozenset(expand))
   budget = max(max_nodes, _MIN_NODES) - LEGEND_NODES
-  title = f'{report.function} · policy {report.policy}'
-  diagram = Diagram(title, [Section('forward', 'forward pass (known jaxpr)')],
-                    [Section('backward', 'backward pass (staged jaxpr)')])
-  estimate = sum(len(b.known_jaxpr.eqns) + len(b.staged_jaxpr.eqns)
-                 + len(b.known_jaxpr.invars) + len(b.staged_jaxpr.invars)
-                 for b in blocks)
-  if estimate > budget and len(blocks) > 1:
-    groups = _summarize.dedupe_blocks(blocks)
-  else:
-    groups = [(b, [b]) for b in blocks]
-  expand = frozenset(expand)
-  for i, (b, same) in enumerate(groups):
-    _add_block(diagram, i, b, same, expand)
-  if not groups:
-    diagram.notes.append('no block was split by differentiation')
   if diagram.num_nodes() > budget:
     before = diagram.num_nodes()
     _summarize.fold_repeats(diagram)
@@ -151,96 +144,6 @@ def render_svg(digraph: graphviz.Digraph) -> RenderedSvg:
   return RenderedSvg(run.stdout.decode('utf-8'), warnings)
 
 
-def _chosen_blocks(report: RematReport, name: str | None) -> list[BlockReport]:
-  if name is None:
-    return [b for b in report.blocks if b.differentiated and b.known_jaxpr is not None]
-  for b in report.blocks:
-    if b.name == name:
-      if not b.differentiated or b.known_jaxpr is None:
-        raise ValueError(
-            f'block {name!r} was not split by differentiation: no differentiated '
-            'input reaches it.')
-      return [b]
-  raise ValueError(f'no block named {name!r}; the report has '
-                   f'{[b.name for b in report.blocks]}')
-
-
-def _add_block(diagram: Diagram, i: int, block: BlockReport,
-               same: list[BlockReport], expand: frozenset) -> None:
-  known, staged = block.known_jaxpr, block.staged_jaxpr
-  split = block_split(block)
-  runs = f' · runs ×{block.trip_count}' if (block.trip_count or 1) > 1 else ''
-  where = ' / '.join(block.path)
-  head = (f'{block.name}' + (f' ({block.function})' if block.function != block.name else '')
-          + (f' in {where}' if where else '') + runs)
-  if len(same) > 1:
-    head += f' · ×{len(same)} identical blocks: ' + _name_list([b.name for b in same])
-  fwd = Section(f'f{i}', f'{head} · policy {block.policy} · saves '
-                f'{format_bytes(block.residual_bytes)} per run')
-  bwd = Section(f'b{i}', f'{head} · recomputes {len(split.recomputed)} eqns, '
-                f'{format_flops(block.recompute_flops)} per run')
-  diagram.forward[0].children.append(fwd)
-  diagram.backward[0].children.append(bwd)
-  edges = diagram.edges
-  f_in, f_out = _graph.draw_jaxpr(fwd, edges, known, fwd.id,
-                                  roles=['input'] * len(known.invars), expand=expand)
-  roles = ['residual'] * split.num_residuals + ['tangent'] * (
-      len(staged.invars) - split.num_residuals)
-  for _, s in split.saved_inputs:
-    roles[s] = 'saved'
-  b_in, b_out = _graph.draw_jaxpr(bwd, edges, staged, bwd.id, roles=roles,
-                                  recomputed=split.recomputed, expand=expand)
-  n_out = split.num_known_outputs
-  _graph.add_outputs(fwd, edges, fwd.id, known.outvars[:n_out], f_out[:n_out], 'output')
-  _graph.add_outputs(bwd, edges, bwd.id, staged.outvars, b_out, 'tangent out')
-  producers = {}
-  for k, eqn in enumerate(known.eqns):
-    producers.update((v, eqn) for v in eqn.outvars)
-  for r, (v, src) in enumerate(zip(known.outvars[n_out:], f_out[n_out:])):
-    if src is None:  # a literal residual: give it a node to start from
-      src = f'{fwd.id}_lit{r}'
-      fwd.nodes[src] = Node(src, ['literal', str(getattr(v, 'val', ''))], 'input', role='const')
-    eqn = producers.get(v)
-    if eqn is not None and eqn.primitive.name == 'reduce_precision':
-      # The split rounds residuals after their producer (engine/split.py):
-      # the name, if any, is on the value before rounding.
-      eqn = producers.get(eqn.invars[0], eqn)
-    name = jx.name_of_named_value(eqn) if eqn is not None else None
-    edges.append(Edge(src, b_in[r], 'residual', aval_bytes(v.aval), 1, name,
-                      _per_device_shard(block, v.aval, name, 'equation')))
-  for k, (known_index, staged_index) in enumerate(split.saved_inputs):
-    if known_index is None:  # read by the backward pass only
-      src = f'{fwd.id}_saved{k}'
-      fwd.nodes[src] = Node(src, ['block input', _graph.aval_text(staged.invars[staged_index])],
-                            'input', role='input')
-    else:
-      src = f_in[known_index]
-    aval = staged.invars[staged_index].aval
-    edges.append(Edge(src, b_in[staged_index], 'residual', aval_bytes(aval), 1, None,
-                      _per_device_shard(block, aval, None, 'argument')))
-
-
-def _per_device_shard(block: BlockReport, aval, name: str | None, kind: str) -> str | None:
-  """In a sharded program, the shard each device keeps of a residual of this
-  type and kind (and name, if any), when the block's residuals of that
-  description agree on one; else None."""
-  shards = {(r.per_device_shape, r.per_device_bytes) for r in block.residuals
-            if r.kind == kind and name in (None, r.name) and r.per_device_shape is not None
-            and r.shape == tuple(aval.shape) and r.dtype == str(aval.dtype)}
-  if len(shards) != 1:
-    return None
-  (local, nbytes), = shards
-  return (f'{aval.update(shape=local).str_short(short_dtypes=True)} '
-          f'{format_bytes(nbytes)}/device')
-
-
-def _name_list(names: list[str], shown: int = 4) -> str:
-  """`names` joined, the middle cut when long: a cluster's title is one line."""
-  if len(names) <= shown:
-    return ', '.join(names)
-  return ', '.join(names[:shown - 1]) + f', … ({len(names) - shown} more), ' + names[-1]
-
-
 # -- Graphviz ------------------------------------------------------------------
 
 def _emit(diagram: Diagram) -> SplitDigraph:
@@ -268,8 +171,12 @@ def _emit(diagram: Diagram) -> SplitDigraph:
 
 def _emit_section(g: graphviz.Digraph, section: Section) -> None:
   with g.subgraph(name=f'cluster_{section.id}') as c:
+    # The cluster's id is its group's: a click on an opened group closes it.
+    closes = '/' in section.id or section.id.endswith('_body')
     c.attr(label=f'<{html_text(section.title)}>', style='rounded,filled',
-           fillcolor='#ffffff80', color='#777777', fontsize='11')
+           fillcolor='#ffffff80', color='#777777', fontsize='11', id=section.id,
+           tooltip=graphviz.escape(html_text(
+               f'{section.id} · click to close' if closes else section.title)))
     for node in section.nodes.values():
       c.node(node.id, **_node_attrs(node))
     for child in section.children:
@@ -289,9 +196,16 @@ def _node_attrs(node: Node) -> dict[str, str]:
   if node.recomputed:
     fill = RECOMPUTED_FILL
     classes.append('recomputed')
-  style = 'rounded,filled' if node.kind in ('eqn', 'folded') else 'filled'
+  elif node.recomputed_equations:
+    fill = PARTLY_RECOMPUTED_FILL
+    classes.append('partly-recomputed')
+  if node.opens:
+    classes.append('opens')
+  style = 'rounded,filled' if node.kind in ('eqn', 'folded', 'group') else 'filled'
   if node.kind == 'elided':
     style = 'filled,dashed'
+  elif node.kind == 'group':
+    style += ',bold'
   attrs = dict(label=f'<{"<br/>".join(lines)}>', shape=SHAPES[node.kind],
                fillcolor=fill, style=style, id=node.id, tooltip=_tooltip(node),
                **{'class': ' '.join(classes)})
@@ -304,12 +218,11 @@ def _tooltip(node: Node) -> str:
   """Plain-text attribute: HTML-escaped (dot keeps entities as they are in
   SVG) and backslash-escaped (dot reads escape sequences like \\N)."""
   parts = [f'id {node.id}']
-  if node.kind == 'sub' and not node.expanded:
-    parts.append('pass this id in expand= to open it')
-  if len(node.eqns) == 1:
-    parts.append(jx.source_info_util.summarize(node.eqns[0].source_info))
-  elif node.eqns:
-    parts.append(f'{len(node.eqns)} equations, {format_flops(node.flops)}')
+  if node.opens and not node.expanded:
+    parts.append('click (or pass this id in expand=) to open it')
+  if node.equations > 1:
+    parts.append(f'{node.equations} equations, {format_flops(node.flops)}')
+  parts += node.details
   if node.names:
     parts.append('names: ' + _name_list(node.names))
   return graphviz.escape(html_text(' · '.join(parts)))
@@ -333,6 +246,8 @@ def _edge_attrs(e: Edge) -> dict[str, str]:
 
 def _legend(g: graphviz.Digraph) -> None:
   entries = [('legend_io', 'input / output', dict(shape='oval', fillcolor=FILLS['input'])),
+             ('legend_group', 'module or function (click to open)',
+              dict(shape='box', style='rounded,filled,bold', fillcolor=FILLS['group'])),
              ('legend_eqn', 'equation', dict(shape='box', style='rounded,filled')),
              ('legend_recomputed', 'recomputed in backward',
               dict(fillcolor=RECOMPUTED_FILL, style='rounded,filled')),
@@ -346,7 +261,8 @@ def _legend(g: graphviz.Digraph) -> None:
     c.attr(label='<<b>legend</b>>', style='rounded', color='#bbbbbb', fontsize='10')
     for nid, text, attrs in entries:
       c.node(nid, label=f'<{text}>', fontsize='9', **attrs)
-    c.edge('legend_io', 'legend_eqn', style='invis')
+    c.edge('legend_io', 'legend_group', style='invis')
+    c.edge('legend_group', 'legend_eqn', style='invis')
     c.edge('legend_eqn', 'legend_recomputed', label='<residual (bytes)>',
            color=RESIDUAL_COLOR, fontcolor=RESIDUAL_COLOR, penwidth='2.5')
     c.edge('legend_recomputed', 'legend_named', style='invis')

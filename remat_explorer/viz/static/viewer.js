@@ -104,7 +104,8 @@ function mountViewer(host, {onClick, focus = 'cluster_forward'} = {}) {
   resized.observe(stage);
 
   stage.addEventListener('click', (event) => {
-    const node = event.target.closest && event.target.closest('g.node');
+    // A node, or an opened group's cluster (a click on it closes the group).
+    const node = event.target.closest && event.target.closest('g.node, g.cluster');
     if (node && node.id && onClick) onClick(node.id);
   });
 
