@@ -1,10 +1,13 @@
 """Viz benchmark: how long drawing the split takes on large programs.
 
-For each program: ``split_graph`` (build and summarize the diagram) and
-``to_svg`` (Graphviz's layout), against tracing the gradient with
-``jax.make_jaxpr(jax.grad(f))`` in the same run, the cost any JAX user pays
-to look at a program at all. The target: a 5,000-equation program drawn in a
-few seconds, never a hang or an SVG of tens of MB.
+For each program: the plain graph of the split (``report.graph``), the
+diagram drawn from it at the level of the user's code (groups closed, as
+the Explorer first shows it; its node count, and the count once every group
+is opened down to primitives and summarized), and ``to_svg`` (Graphviz's
+layout), against tracing the gradient with ``jax.make_jaxpr(jax.grad(f))``
+in the same run, the cost any JAX user pays to look at a program at all.
+The target: a 5,000-equation program drawn in a few seconds, never a hang or
+an SVG of tens of MB.
 
     .venv/bin/python bench/viz.py [--repeats 3]
 """
@@ -24,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import remat_explorer as rx  # noqa: E402
 from remat_explorer import examples, viz  # noqa: E402
 from remat_explorer.analysis import analyze  # noqa: E402
+from remat_explorer.analysis.graph import split_graph_of  # noqa: E402
 from remat_explorer.viz.split_graph import split_diagram  # noqa: E402
 
 
@@ -56,27 +60,37 @@ def bench(label: str, f, args, repeats: int) -> None:
   equations = sum(len(b.known_jaxpr.eqns) + len(b.staged_jaxpr.eqns)
                   for b in report.blocks if b.differentiated)
   trace = median_seconds(lambda: jax.make_jaxpr(jax.grad(f))(*args), repeats)
-  graph = median_seconds(lambda: viz.split_graph(report), repeats)
+  record = median_seconds(lambda: split_graph_of(report), repeats)
+  draw = median_seconds(lambda: viz.split_graph(report), repeats)
   digraph = viz.split_graph(report)
   svg_text = viz.to_svg(digraph)
   render = median_seconds(lambda: viz.to_svg(digraph), repeats)
   nodes = split_diagram(report).num_nodes()
-  print(f'{label:<28} {equations:>7} {nodes:>6} {graph:>8.3f} {render:>8.3f} '
-        f'{len(svg_text) / 1024:>8.0f} {trace:>8.3f} {(graph + render) / trace:>7.2f}')
+  opened = split_diagram(report, expand='all').num_nodes()
+  total = record + draw + render
+  print(f'{label:<30} {equations:>7} {nodes:>6} {opened:>7} {record:>8.3f} {draw:>8.3f} '
+        f'{render:>8.3f} {len(svg_text) / 1024:>8.0f} {trace:>8.3f} {total / trace:>7.2f}')
 
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument('--repeats', type=int, default=3)
   args = parser.parse_args(argv)
-  print(f'{"program":<28} {"eqns":>7} {"nodes":>6} {"graph s":>8} {"dot s":>8} '
-        f'{"SVG KiB":>8} {"trace s":>8} {"ratio":>7}')
-  print('(ratio: split_graph + to_svg over jax.make_jaxpr(jax.grad(f)), same run)')
+  print(f'{"program":<30} {"eqns":>7} {"nodes":>6} {"opened":>7} {"graph s":>8} '
+        f'{"draw s":>8} {"dot s":>8} {"SVG KiB":>8} {"trace s":>8} {"ratio":>7}')
+  print('(nodes: groups closed; opened: every group opened, summarized to 300; '
+        'ratio: graph + draw + dot over jax.make_jaxpr(jax.grad(f)), same run)')
   for layers in (400, 1000):
     bench(f'unrolled MLP, {layers} layers', *unrolled_mlp(layers), args.repeats)
   bench('transformer, 24 layers', *examples.transformer(num_layers=24), args.repeats)
   bench('transformer under scan', *examples.transformer(num_layers=24, use_scan=True),
         args.repeats)
+  try:
+    from tests.framework_models import nnx_transformer
+  except ImportError as e:  # Flax is in the dev extra
+    print(f'Flax NNX transformer: skipped ({e})')
+  else:
+    bench('Flax NNX transformer (scan)', *nnx_transformer(), args.repeats)
   return 0
 
 
