@@ -374,11 +374,11 @@ def test_per_device_memory_chart_has_a_bar_per_mesh():
   assert len(ticks) == len(costs)
   for tick, (label, c) in zip(ticks, costs.items()):
     assert tick.startswith(f'{label} · {c.num_devices} device'), tick
-  scale = charts.byte_unit(max(charts.total_per_device(c) for c in costs.values()))
+  scale = charts.byte_unit(max(sum(charts.costs_breakdown(c).values()) for c in costs.values()))
   n = len(costs)
   for i, c in enumerate(costs.values()):  # each bar ends at XLA's per-device total
     ends = [p.get_x() + p.get_width() for p in ax.patches[i::n]]
-    assert max(ends) == pytest.approx(charts.total_per_device(c) / scale)
+    assert max(ends) == pytest.approx(sum(charts.costs_breakdown(c).values()) / scale)
   assert 'per device' in ax.get_xlabel()
   # Bars on one mesh: the mesh is said once, in the title.
   one_mesh = viz.plot_per_device_memory({'a': costs['4×2'], 'b': costs['4×2']}).axes[0]

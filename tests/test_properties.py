@@ -31,7 +31,7 @@ step = st.one_of(
 )
 
 
-def policy_strategy(policies):
+def policy_strategy():
   names = st.lists(st.sampled_from(NAMES), max_size=3, unique=True)
   return st.one_of(
       st.just(None),
@@ -76,7 +76,7 @@ def make_program(steps, name_fn):
 @settings(max_examples=100, deadline=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(steps=st.lists(step, min_size=1, max_size=10),
-       policy_spec=policy_strategy(None),
+       policy_spec=policy_strategy(),
        use_jax_names=st.booleans(),
        seed=st.integers(0, 2**31 - 1))
 def test_remat_gradient_matches_plain_and_jax(steps, policy_spec, use_jax_names, seed):

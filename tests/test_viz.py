@@ -231,10 +231,10 @@ def test_per_device_memory_chart_of_a_one_device_comparison(comparison):
   assert [t.get_text() for t in ax.get_yticklabels()] == [
       charts.short_label(r.label, 48) for r in rows]
   assert '1 device' in ax.get_title() and 'per device' in ax.get_xlabel()
-  scale = byte_unit(max(charts.total_per_device(r.costs) for r in rows))
+  scale = byte_unit(max(sum(charts.costs_breakdown(r.costs).values()) for r in rows))
   for i, row in enumerate(rows):  # each bar ends at XLA's total for its program
     ends = [p.get_x() + p.get_width() for p in ax.patches[i::len(rows)]]
-    assert max(ends) == pytest.approx(charts.total_per_device(row.costs) / scale)
+    assert max(ends) == pytest.approx(sum(charts.costs_breakdown(row.costs).values()) / scale)
 
 
 # -- tables -----------------------------------------------------------------------

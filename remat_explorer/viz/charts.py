@@ -100,11 +100,6 @@ def _stacked_breakdown_bars(ax, parts: list[dict[str, int]]) -> tuple[np.ndarray
 
 # -- memory per device ---------------------------------------------------------------
 
-def total_per_device(costs: CompiledCosts) -> int:
-  """Arguments + outputs + temporaries of one device's executable."""
-  return sum(costs_breakdown(costs).values())
-
-
 def placement_text(costs: CompiledCosts) -> str:
   """``'8 devices (data=2 × model=4)'``: what a program is partitioned over."""
   mesh = mesh_text(costs.mesh_shape)
