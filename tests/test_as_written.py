@@ -164,3 +164,10 @@ def test_a_function_that_is_not_callable_is_named_briefly():
   message = str(info.value)
   assert 'first argument' in message and 'float32[64, 32]' in message
   assert len(message) < 200
+
+
+def test_a_number_passed_to_be_differentiated_is_traced_as_jax_grad_traces_it():
+  f = jax.checkpoint(lambda x: jnp.sin(jnp.sin(x)))
+  report = analyze(f, 3.0)
+  assert report.residual_bytes == jax_residual_bytes(f, 3.0)
+  assert [b.name for b in report.blocks] == ['<lambda>']

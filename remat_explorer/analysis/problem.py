@@ -7,7 +7,9 @@ analysed as it is (the figures without remat), and is checkpointed as a
 whole only when asked (a policy given, or ``whole_function=True``), which
 the report then says. Arguments are taken as ``eqx.filter_jit`` takes them:
 arrays are traced, every other leaf (a Python number or bool, a string, a
-function inside an Equinox module) is held as it is. ``has_aux=True`` means
+function inside an Equinox module) is held as it is; a positional argument
+that is itself a number and is differentiated (``analyze(f, 3.0)``) is
+traced, as ``jax.grad`` takes it. ``has_aux=True`` means
 what it means for ``jax.value_and_grad``. A function that differentiates
 itself (a training step) is refused with the loss to pass instead.
 
@@ -17,6 +19,7 @@ here, with the reason, before anything else is traced.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
 
 import jax
@@ -37,13 +40,13 @@ _TRACED = (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct)
 class Problem:
   """A function with its example arguments, flattened and checked."""
 
-  def __init__(self, f, name, leaves, in_tree, diff_mask, arg_names, argnums,
+  def __init__(self, f, name, leaves, traced, in_tree, diff_mask, arg_names, argnums,
                has_aux, whole_function, arg_starts):
     self.f, self.name, self.in_tree = f, name, in_tree
     self._arg_starts = arg_starts
-    self.leaves = [x for x in leaves if isinstance(x, _TRACED)]
+    self.leaves = [x for x, t in zip(leaves, traced) if t]
     """The traced leaves (arrays), in order."""
-    self.template = [None if isinstance(x, _TRACED) else x for x in leaves]
+    self.template = [None if t else x for x, t in zip(leaves, traced)]
     """Every leaf of (args, kwargs), the traced ones replaced with None."""
     self.diff_mask, self.argnums = diff_mask, argnums
     self.has_aux, self.whole_function = has_aux, whole_function
@@ -68,11 +71,14 @@ class Problem:
     leaves, in_tree = jax.tree_util.tree_flatten((args, kwargs))
     paths = [('args' if p[0].idx == 0 else 'kwargs') + jax.tree_util.keystr(p[1:])
              for p, _ in jax.tree_util.tree_flatten_with_path((args, kwargs))[0]]
-    traced = [isinstance(x, _TRACED) for x in leaves]
-    check_one_device_set([p for p, t in zip(paths, traced) if t],
-                         [x for x, t in zip(leaves, traced) if t])
     per_arg = [len(jax.tree_util.tree_leaves(a)) for a in args]
     starts = np.cumsum([0, *per_arg])
+    traced = [isinstance(x, _TRACED) for x in leaves]
+    for i in argnums:  # a number passed to be differentiated, as jax.grad takes it
+      if per_arg[i] == 1 and _is_number(leaves[starts[i]]):
+        traced[starts[i]] = True
+    check_one_device_set([p for p, t in zip(paths, traced) if t],
+                         [x for x, t in zip(leaves, traced) if t])
     in_argnums = np.zeros(len(leaves), bool)
     for i in argnums:
       in_argnums[starts[i]:starts[i + 1]] = True
@@ -93,7 +99,7 @@ class Problem:
     if len(names) != len(leaves):
       names = ('',) * len(leaves)
     names = tuple(n for n, t in zip(names, traced) if t)
-    return cls(f, function_name(f), leaves, in_tree, diff_mask, names, argnums,
+    return cls(f, function_name(f), leaves, traced, in_tree, diff_mask, names, argnums,
                has_aux, whole_function, tuple(int(x) for x in starts))
 
   # -- the program ----------------------------------------------------------------
@@ -324,6 +330,10 @@ def _short(value) -> str:
   text = repr(value)
   text = text if len(text) <= 80 else text[:77] + '...'
   return f'{type(value).__name__} {text}'
+
+
+def _is_number(x) -> bool:
+  return isinstance(x, numbers.Number) and not isinstance(x, bool)
 
 
 def _kind(x) -> str:
