@@ -227,6 +227,7 @@ def plan_for(n: int, schedule, segments=None):
     return every_plan(n)
   if kind == 'segments':
     return segments_plan(n, size)
+  _check_depth(n, size)
   return binomial_plan(n, size)
 
 
@@ -287,7 +288,6 @@ def resolve_schedule(schedule, segments, n):
       raise ValueError(
           f"the `schedule` argument ('binomial', s) needs s, the number of carries "
           f'to hold, to be an int >= 1, got s={s!r}.')
-    _check_depth(n, s)
     return 'binomial', s
   raise ValueError(f'the `schedule` argument of checkpointed_scan must be one of '
                    f'{_SCHEDULES}; got {schedule!r}.')
