@@ -110,10 +110,10 @@ def segments_plan(n: int, k: int):
   ``n // k + 1`` steps, then the rest of ``n // k``, as two loops.
   """
   k = min(k, n)
-  short, longer = divmod(n, k)[0], n % k
+  length, longer = divmod(n, k)
   segment = lambda length: _checkpointed(every_plan(length))
-  return _chain(_loop(segment(short + 1), longer) if longer else None,
-                _loop(segment(short), k - longer))
+  return _chain(_loop(segment(length + 1), longer) if longer else None,
+                _loop(segment(length), k - longer))
 
 
 @functools.cache
