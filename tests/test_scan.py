@@ -440,6 +440,32 @@ def test_bad_step_and_policy_are_named():
     rx.scan_schedule_costs(0)
 
 
+def test_exported_at_top_level():
+  from remat_explorer import engine
+  assert rx.checkpointed_scan is engine.checkpointed_scan
+  assert rx.scan_schedule_costs is engine.scan_schedule_costs
+  assert 'checkpointed_scan' in rx.__all__ and 'scan_schedule_costs' in rx.__all__
+
+
+def test_unroll_reaches_the_loops_over_steps():
+  xs = jnp.asarray(np.random.default_rng(4).uniform(0.5, 1.5, 12), jnp.float32)
+  step = lambda c, x: (jnp.sin(c) * x, c)
+  f = lambda c: rx.checkpointed_scan(step, c, xs, schedule='sqrt', unroll=2)
+  scans = []
+
+  def collect(jaxpr):
+    for eqn in jaxpr.eqns:
+      if eqn.primitive.name == 'scan':
+        scans.append(eqn)
+      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+        collect(sub)
+  collect(jax.make_jaxpr(f)(0.5).jaxpr)
+  # 4 segments of 3 steps: the loop over segments keeps unroll=1, each
+  # segment's loop over its steps gets 2.
+  assert sorted((e.params['length'], e.params['unroll']) for e in scans) == [(3, 2), (4, 1)]
+  assert_close(f(0.5), jax.lax.scan(step, 0.5, xs))
+
+
 def test_costs_are_plain_data_for_each_schedule():
   every, sqrt = rx.scan_schedule_costs(100, 'every'), rx.scan_schedule_costs(100, 'sqrt')
   assert (every.stored_carries, every.step_evaluations, every.levels) == (100, 200, 1)
