@@ -289,7 +289,7 @@ def revolve_by_hand(f, init, xs, n, s):
 
 
 def test_binomial_matches_revolve_written_by_hand_with_jax_checkpoint():
-  n, s = 11, 3
+  n, s = 9, 3
   problem = make_problem(21, n)
   carry_only = lambda scan: (lambda f, init, xs, n: (scan(f, init, xs, n)[0], None))
   hand = lambda f, init, xs, n: revolve_by_hand(f, init, xs, n, s)
@@ -335,15 +335,16 @@ def test_compiled_temp_memory_follows_the_schedules():
   'every' keeps n; 'sqrt' its k + n // k; the binomial schedule its s
   snapshots, plus one incoming and one outgoing cotangent carry per level
   of nesting (its blocks recompute in conditionals), plus a few for the
-  step's tape and the gradient.
+  step's tape and the gradient. Each step's input is as large as the carry:
+  blocks that kept their own slices of xs would keep several times n.
   """
   n, shape, s = 80, (64, 64), 8
   rng = np.random.default_rng(7)
   c0 = jnp.asarray(rng.standard_normal(shape), jnp.float32)
-  xs = jnp.asarray(rng.uniform(0.5, 1.0, (n, 2)), jnp.float32)
+  xs = jnp.asarray(rng.uniform(0.5, 1.0, (n,) + shape), jnp.float32)
 
   def step(c, x):  # the column mean mixes elements, so XLA cannot fuse steps away
-    return jnp.tanh(c * x[0] + x[1] * jnp.mean(c, axis=0)), jnp.sum(c[0]) * x[0]
+    return jnp.tanh(c * x + jnp.mean(c, axis=0)), jnp.sum(c[0] * x[0])
 
   def carries(schedule):
     loss = lambda c: jnp.sum(rx.checkpointed_scan(step, c, xs, schedule=schedule)[0] ** 2)
@@ -364,19 +365,20 @@ def test_compiled_temp_memory_follows_the_schedules():
 
 @functools.cache
 def second_order(schedule_key):
-  """A Hessian-vector product (forward over reverse) and a gradient of a
-  gradient (reverse over reverse), for lax.scan (None) or a schedule."""
+  """A Hessian-vector product (forward over reverse) in the initial carry
+  and xs, and a gradient of a gradient (reverse over reverse), for lax.scan
+  (None) or a schedule."""
   n = 4
   scan = lax_scan() if schedule_key is None else ours(**dict(schedule_key))
   step, params, init, xs = make_problem(13, n)
   loss = make_loss(scan, step, n, 13)
-  direction = jax.tree_util.tree_map(lambda a: jnp.cos(3 * a), init)
+  direction = jax.tree_util.tree_map(lambda a: jnp.cos(3 * a), (init, xs))
 
   @jax.jit
   def both(params, init, xs):
-    g = lambda init: jax.grad(loss, 1)(params, init, xs)
-    hvp = jax.jvp(g, (init,), (direction,))
-    g_of_g = jax.grad(lambda p: jnp.sum(jnp.sin(jax.grad(loss, 1)(p, init, xs)['h'])))(params)
+    g = lambda init, xs: jax.grad(loss, (1, 2))(params, init, xs)
+    hvp = jax.jvp(g, (init, xs), direction)
+    g_of_g = jax.grad(lambda p: jnp.sum(jnp.sin(jax.grad(loss, 2)(p, init, xs)['u'])))(params)
     return hvp, g_of_g
   return both(params, init, xs)
 

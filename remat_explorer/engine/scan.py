@@ -19,6 +19,7 @@ JAX transformation that applies to those applies here.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -79,12 +80,15 @@ def checkpointed_scan(f: Callable, init, xs=None, length: int | None = None, *,
   reverse = bool(reverse)
   n = _scan_length(xs, length)
   resolve_schedule(schedule, segments, max(n, 1))  # checks them even for n = 0
-  step = checkpoint(f, policy=policy)
   if n == 0:  # nothing to keep: the idiom is as good as any schedule
-    return lax.scan(step, init, xs, length=0, reverse=reverse, unroll=unroll)
+    return lax.scan(checkpoint(f, policy=policy), init, xs, length=0, reverse=reverse,
+                    unroll=unroll)
   init, has_effects = _as_lax_scan_carries(f, init, xs, n)
-  runner = _Runner(f, step, reverse, unroll, _chain_block_lowering(has_effects))
-  return runner.run(plan_for(n, schedule, segments), init, xs)
+  runner = _Runner(f, policy, reverse, unroll, _chain_block_lowering(has_effects))
+  plan = plan_for(n, schedule, segments)
+  # Chains of blocks read the steps' inputs in place (see _Runner).
+  in_place = isinstance(plan, Chain) and jax.tree_util.tree_leaves(xs)
+  return runner.run(plan, init, xs, (xs, 0) if in_place else None)
 
 
 def _scan_length(xs, length) -> int:
@@ -162,62 +166,132 @@ class _Runner:
 
   Each distinct checkpointed block gets one function, so that equal blocks
   are traced once and share one jaxpr.
+
+  Where a block receives its slice of `xs`, the slice is a copy, and the
+  block keeps it for its recompute: nested blocks would keep copies of
+  copies, up to several times `xs` when a step's input is as large as its
+  carry. So plans with chains of blocks read the steps' inputs in place:
+  ``at = (xs_all, row)`` says where the chunk in hand starts in the full
+  `xs`, each step reads its row from there (blocks keep `xs_all` itself,
+  shared), and the chunk only brings the tangent (see ``_read_in_place``).
   """
 
-  def __init__(self, f, step, reverse, unroll, chain_lowering):
-    self.taped, self.step = f, step
+  def __init__(self, f, policy, reverse, unroll, chain_lowering):
+    self.steps = {(False, False): f, (True, False): checkpoint(f, policy=policy)}
+    in_place = _read_in_place(f)
+    self.steps[False, True] = in_place
+    self.steps[True, True] = checkpoint(in_place, policy=policy)
     self.reverse, self.unroll = reverse, unroll
     self.chain_lowering = chain_lowering
     self._blocks = {}
 
-  def run(self, plan, carry, xs):
+  def run(self, plan, carry, xs, at=None):
     """(final carry, stacked ys) of the `plan.length` steps of `plan`."""
     if isinstance(plan, Step):
-      return self._one_step(plan, carry, xs)
+      return self._one_step(plan, carry, xs, at)
     if isinstance(plan, Loop):
-      return self._loop(plan, carry, xs)
+      return self._loop(plan, carry, xs, at)
     if isinstance(plan, Chain):
-      return self._chain(plan, carry, xs)
+      return self._chain(plan, carry, xs, at)
     assert isinstance(plan, Checkpointed), plan
-    return self._block(plan)(carry, xs)
+    return self._call_block(plan, None, carry, xs, at)
 
-  def _one_step(self, plan, carry, xs):
-    fn = self.step if plan.checkpointed else self.taped
-    carry, y = fn(carry, tree_map(lambda a: lax.squeeze(a, (0,)), xs))
+  def _step(self, plan, at):
+    """The step as a function of (carry, x), or of (carry, xs_all, row, x)."""
+    return self.steps[plan.checkpointed, at is not None]
+
+  def _one_step(self, plan, carry, xs, at):
+    x = tree_map(lambda a: lax.squeeze(a, (0,)), xs)
+    carry, y = self._step(plan, at)(carry, x) if at is None else (
+        self._step(plan, at)(carry, at[0], at[1], x))
     return carry, tree_map(lambda a: jax.numpy.expand_dims(a, 0), y)
 
-  def _loop(self, plan, carry, xs):
+  def _loop(self, plan, carry, xs, at):
+    times, inner = plan.times, plan.body.length
+    scan = lambda body, xs, unroll: lax.scan(body, carry, xs, length=times,
+                                             reverse=self.reverse, unroll=unroll)
     if isinstance(plan.body, Step):
-      fn = self.step if plan.body.checkpointed else self.taped
-      return lax.scan(fn, carry, xs, length=plan.times, reverse=self.reverse,
-                      unroll=self.unroll)
-    inner = plan.body.length
-    blocks = tree_map(lambda a: a.reshape((plan.times, inner) + a.shape[1:]), xs)
-    carry, ys = lax.scan(lambda c, x: self.run(plan.body, c, x), carry, blocks,
-                         length=plan.times, reverse=self.reverse)
+      step = self._step(plan.body, at)
+      if at is None:
+        return scan(step, xs, self.unroll)
+      xs_all, row = at
+      return scan(lambda c, x_i: step(c, xs_all, row + x_i[1], x_i[0]),
+                  (xs, _indices(times)), self.unroll)
+    blocks = tree_map(lambda a: a.reshape((times, inner) + a.shape[1:]), xs)
+    if at is None:
+      carry, ys = scan(lambda c, x: self.run(plan.body, c, x), blocks, 1)
+    else:
+      xs_all, row = at
+      carry, ys = scan(lambda c, x_i: self.run(plan.body, c, x_i[0],
+                                               (xs_all, row + x_i[1] * inner)),
+                       (blocks, _indices(times)), 1)
     return carry, tree_map(lambda a: a.reshape((plan.length,) + a.shape[2:]), ys)
 
-  def _chain(self, plan, carry, xs):
+  def _chain(self, plan, carry, xs, at):
     sizes = [p.length for p in plan.parts]
-    chunks = _split(xs, sizes, self.reverse)
     ys = []
-    for part, chunk in zip(plan.parts, chunks):
+    for part, chunk, start in zip(plan.parts, _split(xs, sizes, self.reverse),
+                                  _chunk_starts(sizes, self.reverse)):
+      part_at = None if at is None else (at[0], at[1] + start)
       if isinstance(part, Checkpointed):
-        carry, y = self._block(part, self.chain_lowering)(carry, chunk)
+        carry, y = self._call_block(part, self.chain_lowering, carry, chunk, part_at)
       else:
-        carry, y = self.run(part, carry, chunk)
+        carry, y = self.run(part, carry, chunk, part_at)
       ys.append(y)
     return carry, _concatenate(ys, self.reverse)
 
-  def _block(self, plan, lowering=None):
-    key = (plan, lowering)
+  def _call_block(self, plan, lowering, carry, xs, at):
+    key = (plan, lowering, at is None)
     block = self._blocks.get(key)
     if block is None:
-      def checkpointed_scan_block(carry, xs):
-        return self.run(plan.body, carry, xs)
-      # A block keeps only its input carry; the policy is the steps' own.
+      if at is None:
+        def checkpointed_scan_block(carry, xs):
+          return self.run(plan.body, carry, xs)
+      else:
+        def checkpointed_scan_block(carry, xs_all, row, xs):
+          return self.run(plan.body, carry, xs, (xs_all, row))
+      # A block keeps only its inputs; the policy is the steps' own.
       block = self._blocks[key] = checkpoint(checkpointed_scan_block, lowering=lowering)
-    return block
+    return block(carry, xs) if at is None else block(carry, at[0], at[1], xs)
+
+
+def _read_in_place(f):
+  """`f` with its input `x` read from row `row` of `xs_all`.
+
+  `x` itself, the same numbers cut from `xs` block by block, brings the
+  tangent: under differentiation the read row's tangent is dropped and
+  `x`'s used, so `xs`'s cotangent is assembled by the blocks' concatenations
+  rather than by every block padding its rows to the full length. Nothing
+  needs `x`'s values, so no block keeps them.
+  """
+  def step_reading_xs_in_place(carry, xs_all, row, x):
+    read = tree_map(lambda a: lax.dynamic_index_in_dim(a, row, 0, keepdims=False), xs_all)
+    return f(carry, tree_map(_with_tangent_of, read, x))
+  return step_reading_xs_in_place
+
+
+@jax.custom_jvp
+def _with_tangent_of(value, twin):
+  """`value`, differentiated as `twin` (which holds the same numbers)."""
+  return value
+
+
+def _with_tangent_of_jvp(primals, tangents):
+  value, _ = primals
+  return value, tangents[1]
+
+_with_tangent_of.defjvp(_with_tangent_of_jvp, symbolic_zeros=True)
+
+
+def _indices(times):
+  return jax.numpy.arange(times, dtype=jax.numpy.int32)
+
+
+def _chunk_starts(sizes, reverse):
+  """Where each chunk of `_split` starts in its parent, in rows of `xs`."""
+  ends = list(itertools.accumulate(sizes))
+  total = ends[-1]
+  return [total - end if reverse else end - size for size, end in zip(sizes, ends)]
 
 
 def _split(xs, sizes, reverse):
