@@ -11,8 +11,8 @@ what ``scan_schedule_costs`` predicts next to what was measured:
 * recomputed: predicted recomputed steps, and the step's evaluations counted
   in the gradient's jaxpr (loop trip counts applied) minus n;
 * temp MiB, GFLOP (our jaxpr count, trip counts applied; XLA's own count runs
-  each loop body once, so it is shown apart), the median run time, compile
-  time, and ratios against ``lax.scan``.
+  each loop body once, so it is shown apart), the median run time (the rows
+  take turns), compile time, and ratios against ``lax.scan``.
 
     .venv/bin/python bench/scans.py [--steps N] [--side S] [--repeats R]
 
@@ -43,10 +43,15 @@ def step(c, x):
   return jnp.tanh(c * x[0] + x[1] * jnp.mean(c, axis=0)), jnp.sum(c[0]) * x[0]
 
 
+def hand_segments(n):
+  """The largest k <= sqrt(n) dividing n."""
+  return next(k for k in range(math.isqrt(n), 0, -1) if n % k == 0)
+
+
 def nested_by_hand(f, init, xs):
   """k checkpointed segments of scan(jax.checkpoint(f)), k = sqrt(n) dividing n."""
   n = xs.shape[0]
-  k = next(k for k in range(math.isqrt(n), 0, -1) if n % k == 0)
+  k = hand_segments(n)
   segment = lambda c, seg: jax.lax.scan(jax.checkpoint(f), c, seg)
   carry, ys = jax.lax.scan(jax.checkpoint(segment), init, xs.reshape(k, n // k, -1))
   return carry, ys.reshape(n)
@@ -59,7 +64,8 @@ def rows(n):
          ('scan(jax.checkpoint(f))',
           lambda f, c, xs: jax.lax.scan(jax.checkpoint(f), c, xs),
           rx.scan_schedule_costs(n, 'every'), None),
-         ('nested by hand (jax)', nested_by_hand, rx.scan_schedule_costs(n, 'sqrt'), None),
+         ('nested by hand (jax)', nested_by_hand,
+          rx.scan_schedule_costs(n, segments=hand_segments(n)), None),
          ('ours: every', ours(schedule='every'), rx.scan_schedule_costs(n, 'every'), None),
          ('ours: sqrt', ours(schedule='sqrt'), rx.scan_schedule_costs(n, 'sqrt'), None)]
   for s in (8, 4, 2):
@@ -97,30 +103,37 @@ def evaluations(scan, c, xs):
   return count(jax.make_jaxpr(jax.grad(loss_of(scan, marked)))(c, xs).jaxpr)
 
 
-def measure(scan, c, xs, repeats):
+def compile_row(scan, c, xs):
   grad = jax.grad(loss_of(scan))
   flops = jaxpr_flops(jax.make_jaxpr(grad)(c, xs))
   start = time.perf_counter()
   compiled = jax.jit(grad).lower(c, xs).compile()
   compile_s = time.perf_counter() - start
   jax.block_until_ready(compiled(c, xs))  # warm-up
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(compiled(c, xs))
-    times.append(time.perf_counter() - start)
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, list) else cost
-  return dict(temp=compiled.memory_analysis().temp_size_in_bytes, flops=flops,
-              xla_flops=cost.get('flops', float('nan')), seconds=statistics.median(times),
-              compile_s=compile_s, evaluations=evaluations(scan, c, xs))
+  return dict(compiled=compiled, temp=compiled.memory_analysis().temp_size_in_bytes,
+              flops=flops, xla_flops=cost.get('flops', float('nan')), compile_s=compile_s,
+              evaluations=evaluations(scan, c, xs), times=[])
+
+
+def time_rows(measured, c, xs, repeats):
+  """Median run times, the rows taking turns so that a busy machine slows
+  them alike."""
+  for _ in range(repeats):
+    for m in measured:
+      start = time.perf_counter()
+      jax.block_until_ready(m['compiled'](c, xs))
+      m['times'].append(time.perf_counter() - start)
+  for m in measured:
+    m['seconds'] = statistics.median(m['times'])
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--steps', type=int, default=1024)
   parser.add_argument('--side', type=int, default=512, help='the carry is side x side float32')
-  parser.add_argument('--repeats', type=int, default=3)
+  parser.add_argument('--repeats', type=int, default=5)
   args = parser.parse_args()
   n = args.steps
   rng = np.random.default_rng(0)
@@ -134,20 +147,22 @@ def main():
             f"{'temp/lax':>8} {'flops/lax':>9} {'time/lax':>8}")
   print(header)
   print('-' * len(header))
-  base = None
+  table = []
   for label, scan, costs, refused in rows(n):
+    table.append((label, costs, refused, None if refused else compile_row(scan, c, xs)))
+  time_rows([m for *_, m in table if m], c, xs, args.repeats)
+  base = table[0][3]
+  for label, costs, refused, m in table:
     predicted = ((f'{costs.stored_carries:>7} ', f'{costs.recomputed_steps:>7} ')
                  if costs else (f"{'-':>7} ", f"{0:>7} "))
     if refused:
       print(f'{label:<24} {predicted[0]}{"":>8}{predicted[1]}  not run: {refused}')
       continue
-    m = measure(scan, c, xs, args.repeats)
-    base = base or m
     print(f'{label:<24} {predicted[0]}{m["temp"] / carry_bytes:>7.1f} {predicted[1]}'
           f'{m["evaluations"] - n:>7} {m["temp"] / 2**20:>9.1f} {m["flops"] / 1e9:>8.3f} '
           f'{m["xla_flops"] / 1e9:>7.3f} {m["seconds"] * 1e3:>8.1f} {m["compile_s"]:>9.1f} '
           f'{m["temp"] / base["temp"]:>8.4f} {m["flops"] / base["flops"]:>9.2f} '
-          f'{m["seconds"] / base["seconds"]:>8.2f}', flush=True)
+          f'{m["seconds"] / base["seconds"]:>8.2f}')
 
 
 if __name__ == '__main__':

@@ -14,7 +14,15 @@ costs what it does) and keeps only the schedule's carries:
   the fewest step evaluations possible with them.
 
 The program is built from our ``checkpoint`` and ``lax.scan`` only, so every
-JAX transformation that applies to those applies here.
+JAX transformation that applies to those applies here (``jit``, ``vmap``,
+``jvp``, ``grad`` of ``grad``, sharded inputs).
+
+What else the backward pass holds: one step's intermediates at a time (its
+"tape"), what `policy` lets a step save, and, when `xs` is differentiated,
+the pieces of its cotangent until they are concatenated (about the size of
+`xs` for the binomial schedule). The binomial schedule is a tree of blocks,
+not a loop: XLA compiles every block where it occurs, so its compile time
+grows with n (a minute or more for 1,024 steps).
 """
 
 from __future__ import annotations
@@ -57,7 +65,9 @@ def checkpointed_scan(f: Callable, init, xs=None, length: int | None = None, *,
     segments: the number of checkpointed segments; implies the segmented
       layout, with the default `schedule` or ``'segments'``.
     policy: the checkpoint policy of each step, as for ``checkpoint``:
-      which of a step's intermediates its checkpoint may save.
+      which of a step's intermediates its checkpoint may save. (The last
+      step of each block is not checkpointed: its backward pass follows
+      at once.)
     unroll: as for ``lax.scan``; applies to the loops over single steps.
 
   Example:
@@ -87,7 +97,7 @@ def checkpointed_scan(f: Callable, init, xs=None, length: int | None = None, *,
   runner = _Runner(f, policy, reverse, unroll, _chain_block_lowering(has_effects))
   plan = plan_for(n, schedule, segments)
   # Chains of blocks read the steps' inputs in place (see _Runner).
-  in_place = isinstance(plan, Chain) and jax.tree_util.tree_leaves(xs)
+  in_place = isinstance(plan, Chain) and bool(jax.tree_util.tree_leaves(xs))
   return runner.run(plan, init, xs, (xs, 0) if in_place else None)
 
 
