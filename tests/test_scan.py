@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import remat_explorer as rx
+from remat_explorer.engine import scan_plans
 from tests.parity import assert_trees_equal
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -225,12 +226,28 @@ def evaluations_run(scan, n):
   return len(calls)
 
 
-def test_closed_form_equals_the_dynamic_programming_optimum():
+def plan_evaluations(plan):
+  """What a plan runs, by the nesting rule: a checkpointed block runs its
+  steps once forward, then again (with its own nesting) for the backward
+  pass; a checkpointed step runs twice, a taped one once."""
+  if isinstance(plan, scan_plans.Step):
+    return 2 if plan.checkpointed else 1
+  if isinstance(plan, scan_plans.Loop):
+    return plan.times * plan_evaluations(plan.body)
+  if isinstance(plan, scan_plans.Chain):
+    return sum(plan_evaluations(p) for p in plan.parts)
+  return plan.length + plan_evaluations(plan.body)
+
+
+def test_closed_form_and_plans_equal_the_dynamic_programming_optimum():
   for s in range(1, 6):
     for n in range(1, 41):
       costs = rx.scan_schedule_costs(n, ('binomial', s))
       assert costs.step_evaluations == revolve_optimum(n, s), (n, s)
       assert costs.recomputed_steps == costs.step_evaluations - n
+      if costs.levels <= scan_plans.MAX_LEVELS:
+        plan = scan_plans.plan_for(n, ('binomial', s))
+        assert plan_evaluations(plan) == costs.step_evaluations, (n, s)
 
 
 def test_binomial_n64_s4_evaluates_steps_the_optimal_number_of_times():
