@@ -39,7 +39,7 @@ def main():
     return jax.jit(jax.value_and_grad(f, (0, 1, 2)))
 
   expected = loss(jax.lax.scan)(w, init, xs)
-  for schedule in ('sqrt', ('binomial', 2)):
+  for schedule in (('binomial', 2),):
     scan = lambda f, c, x, schedule=schedule: rx.checkpointed_scan(f, c, x, schedule=schedule)
     actual = loss(scan)(w, init, xs)
     for a, e in zip(jax.tree_util.tree_leaves(actual), jax.tree_util.tree_leaves(expected)):

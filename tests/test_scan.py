@@ -316,7 +316,7 @@ def revolve_by_hand(f, init, xs, n, s):
 
 
 def test_binomial_matches_revolve_written_by_hand_with_jax_checkpoint():
-  n, s = 9, 3
+  n, s = 7, 2
   problem = make_problem(21, n)
   carry_only = lambda scan: (lambda f, init, xs, n: (scan(f, init, xs, n)[0], None))
   hand = lambda f, init, xs, n: revolve_by_hand(f, init, xs, n, s)
@@ -395,7 +395,7 @@ def second_order(schedule_key):
   """A Hessian-vector product (forward over reverse) in the initial carry
   and xs, and a gradient of a gradient (reverse over reverse), for lax.scan
   (None) or a schedule."""
-  n = 4
+  n = 3
   scan = lax_scan() if schedule_key is None else ours(**dict(schedule_key))
   step, params, init, xs = make_problem(13, n)
   loss = make_loss(scan, step, n, 13)
