@@ -53,6 +53,7 @@ bench: $(INSTALLED)
 	$(PYTHON) bench/lowering.py
 	$(PYTHON) bench/analysis.py
 	$(PYTHON) bench/viz.py
+	$(PYTHON) bench/scans.py
 
 # A self-contained HTML report on the default example model.
 report: $(INSTALLED) dot

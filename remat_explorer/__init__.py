@@ -5,11 +5,11 @@ analysis entry points and the Explorer are re-exported here;
 ``remat_explorer.analysis`` and ``remat_explorer.viz`` hold the rest.
 """
 
-from remat_explorer.engine import (Offloadable, Recompute, Saveable,
-                                   checkpoint, checkpoint_name,
-                                   checkpoint_policies, lowering_strategy,
-                                   print_saved_residuals,
-                                   remat, saved_residuals)
+from remat_explorer.engine import (Offloadable, Recompute, ScanScheduleCosts,
+                                   Saveable, checkpoint, checkpoint_name,
+                                   checkpoint_policies, checkpointed_scan,
+                                   lowering_strategy, print_saved_residuals,
+                                   remat, saved_residuals, scan_schedule_costs)
 from remat_explorer.analysis import (analyze, clear_caches, compare, compile_costs,
                                      residuals_at_peak, search_policy)
 
@@ -18,8 +18,10 @@ __version__ = '0.1.0'
 __all__ = [
     'checkpoint', 'remat', 'checkpoint_name', 'checkpoint_policies',
     'saved_residuals', 'print_saved_residuals', 'Saveable', 'Recompute',
-    'Offloadable', 'lowering_strategy', 'analyze', 'compile_costs', 'compare',
-    'search_policy', 'residuals_at_peak', 'clear_caches', 'explore', 'Explorer',
+    'Offloadable', 'lowering_strategy', 'checkpointed_scan',
+    'scan_schedule_costs', 'ScanScheduleCosts', 'analyze', 'compile_costs',
+    'compare', 'search_policy', 'residuals_at_peak', 'clear_caches', 'explore',
+    'Explorer',
 ]
 
 

@@ -9,6 +9,8 @@ Modules, in the order a reader might take them:
 * ``lowering``   - how a differentiated block is protected from XLA.
 * ``api``        - ``checkpoint`` / ``remat`` / ``checkpoint_name``.
 * ``residuals``  - ``saved_residuals``: what the forward pass keeps, in words.
+* ``scan_plans`` - schedules for long scans, and what each should cost.
+* ``scan``       - ``checkpointed_scan``: ``lax.scan`` under such a schedule.
 * ``_jax_internals`` - the only module that imports JAX's private API.
 """
 
@@ -19,6 +21,8 @@ from remat_explorer.engine.policies import (Offloadable, Recompute, Saveable,
 from remat_explorer.engine.primitive import SplitRecord, checkpoint_p, observe_splits
 from remat_explorer.engine.residuals import (ResidualOrigin, print_saved_residuals,
                                              residual_origins, saved_residuals)
+from remat_explorer.engine.scan import checkpointed_scan
+from remat_explorer.engine.scan_plans import ScanScheduleCosts, scan_schedule_costs
 from remat_explorer.engine.split import Split, split_jaxpr
 
 __all__ = [
@@ -26,4 +30,5 @@ __all__ = [
     'saved_residuals', 'print_saved_residuals', 'checkpoint_p',
     'split_jaxpr', 'Split', 'lowering_strategy', 'Saveable', 'Recompute', 'Offloadable',
     'observe_splits', 'SplitRecord', 'residual_origins', 'ResidualOrigin',
+    'checkpointed_scan', 'scan_schedule_costs', 'ScanScheduleCosts',
 ]
