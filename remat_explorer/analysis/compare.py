@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping, Sequence
 from remat_explorer.analysis.analyze import analyze
 from remat_explorer.analysis.compiled import CompiledCosts, compile_costs
 from remat_explorer.analysis.context import TraceSettings
+from remat_explorer.analysis.layouts import scan_layouts
 from remat_explorer.analysis.policy_info import NO_REMAT, describe_policy
 from remat_explorer.analysis.policy_text import parse_policy
 from remat_explorer.analysis.report import RematReport, plain_data
@@ -75,6 +76,9 @@ class PolicyRow:
   """Collective executions per step in the compiled program."""
   recompute_collectives: int | None = None
   """Of those, the ones the recompute re-runs in the backward pass."""
+  scan_layouts: tuple = ()
+  """For each ``checkpointed_scan`` in the program, its schedule's
+  predicted costs beside the measured ones (``layouts.ScanLayoutCheck``)."""
 
 
 @dataclass(frozen=True)
@@ -124,7 +128,7 @@ def compare(f, *args, policies: Mapping[str, Any] | Sequence | None = None,
             include_as_written: bool = True, progress: Progress | None = None,
             parallel: int | None = None, **kwargs) -> Comparison:
   """Analyze and compile `f`'s training step (``compile_costs``) under each
-  policy.
+  policy, or each of several functions.
 
   The first row is the program as written (each block's own policy; for a
   program without a remat block, the figures without remat), then no
@@ -135,56 +139,85 @@ def compare(f, *args, policies: Mapping[str, Any] | Sequence | None = None,
   the program's own names). A program without a remat block is
   checkpointed as a whole for each policy row (the rows' notes say so).
 
+  `f` may instead be a mapping from labels to functions of the same
+  arguments, such as layouts of one computation (``{'scan': f0, 'sqrt':
+  f1, 'binomial s=4': f2}``): one row each, every function as written.
+  Rows whose program runs a ``checkpointed_scan`` carry its predicted
+  costs beside the measured ones (``PolicyRow.scan_layouts``).
+
   Compiles run `parallel` at a time (by default one per core the process
   may use): XLA compiles without holding Python's lock, so on a machine
   with cores to spare they overlap. `progress(done, total, label)` is
-  called as each policy is done. Run times (`repeats`) are measured once
-  every compile has finished, one policy at a time, so that nothing else
+  called as each row is done. Run times (`repeats`) are measured once
+  every compile has finished, one row at a time, so that nothing else
   shares the machine while they run.
   """
-  first = analyze(f, *args, argnums=argnums, has_aux=has_aux, lowering=lowering,
-                  **kwargs)
-  chosen: dict[str, Any] = {}
-  if include_as_written:
-    chosen[AS_WRITTEN if first.blocks else AS_WRITTEN_NO_REMAT] = None
-  if include_no_remat and (first.blocks or not include_as_written):
-    chosen['no remat'] = NO_REMAT
-  for label, policy in _resolve_policies(policies, first.names_in_program).items():
-    chosen.setdefault(label, policy)
   common = dict(lowering=lowering, argnums=argnums, has_aux=has_aux, **kwargs)
+  if isinstance(f, Mapping):
+    jobs = _layout_jobs(f, policies)
+  else:
+    first = analyze(f, *args, **common)
+    jobs = {}
+    if include_as_written:
+      jobs[AS_WRITTEN if first.blocks else AS_WRITTEN_NO_REMAT] = (f, None)
+    if include_no_remat and (first.blocks or not include_as_written):
+      jobs['no remat'] = (f, NO_REMAT)
+    for label, policy in _resolve_policies(policies, first.names_in_program).items():
+      jobs.setdefault(label, (f, policy))
+  rows = _mark_pareto_front(_run(jobs, args, common, parallel, progress, repeats))
+  device = rows[0].costs
+  functions = ' / '.join(dict.fromkeys(r.report.function for r in rows))
+  return Comparison(function=functions, device_kind=device.device_kind,
+                    platform=device.platform, rows=tuple(rows),
+                    warnings=tuple(_memory_did_not_drop(rows)),
+                    num_devices=device.num_devices, mesh_shape=device.mesh_shape)
+
+
+def _layout_jobs(functions: Mapping, policies) -> dict[str, tuple]:
+  if policies is not None:
+    raise TypeError('compare takes policies= for one function; for a mapping of '
+                    'functions, each is compared as written. Checkpoint inside '
+                    'each function as you mean it.')
+  if not functions:
+    raise ValueError('compare got an empty mapping of functions to compare.')
+  for label, fn in functions.items():
+    if not isinstance(label, str) or not callable(fn):
+      raise TypeError('compare takes a mapping from labels (str) to functions, '
+                      f'but it maps {label!r} to {fn!r}.')
+  return {label: (fn, None) for label, fn in functions.items()}
+
+
+def _run(jobs: dict[str, tuple], args, common, parallel, progress, repeats):
+  """One row per job (label -> (function, policy)), analyses and compiles
+  on worker threads, run times after."""
   here = TraceSettings.current()
 
-  def analyze_and_compile(policy):
+  def analyze_and_compile(fn, policy):
     # A policy for a program without a block checkpoints it as a whole.
-    return (analyze(f, *args, policy=policy, **common),
-            compile_costs(f, *args, policy=policy, **common))
+    return (analyze(fn, *args, policy=policy, **common),
+            compile_costs(fn, *args, policy=policy, **common))
 
-  workers = max(1, min(parallel or usable_cores(), len(chosen)))
+  workers = max(1, min(parallel or usable_cores(), len(jobs)))
   results: dict[str, tuple] = {}
   with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-    futures = {pool.submit(here.wrap(analyze_and_compile), policy): label
-               for label, policy in chosen.items()}
+    futures = {pool.submit(here.wrap(analyze_and_compile), fn, policy): label
+               for label, (fn, policy) in jobs.items()}
     try:
       for future in concurrent.futures.as_completed(futures):
         results[futures[future]] = future.result()
         if progress is not None:
-          progress(len(results), len(chosen), futures[future])
+          progress(len(results), len(jobs), futures[future])
     except BaseException:
       for future in futures:
         future.cancel()
       raise
   rows = []
-  for label, policy in chosen.items():
+  for label, (fn, policy) in jobs.items():
     report, costs = results[label]
     if repeats:  # the executable is cached: this only times its runs
-      costs = compile_costs(f, *args, policy=policy, repeats=repeats, **common)
+      costs = compile_costs(fn, *args, policy=policy, repeats=repeats, **common)
     rows.append(_row(label, policy, report, costs))
-  rows = _mark_pareto_front(rows)
-  device = rows[0].costs
-  return Comparison(function=first.function, device_kind=device.device_kind,
-                    platform=device.platform, rows=tuple(rows),
-                    warnings=tuple(_memory_did_not_drop(rows)),
-                    num_devices=device.num_devices, mesh_shape=device.mesh_shape)
+  return rows
 
 
 def usable_cores() -> int:
@@ -236,7 +269,8 @@ def _row(label, policy, report, costs) -> PolicyRow:
       recompute_eliminated=recompute_eliminated(report, costs),
       residual_bytes_per_device=report.residual_bytes_per_device,
       collectives=None if costs.failed else costs.collective_count,
-      recompute_collectives=None if costs.failed else costs.recompute_collective_count)
+      recompute_collectives=None if costs.failed else costs.recompute_collective_count,
+      scan_layouts=scan_layouts(report, costs))
 
 
 _MATMULS = ('dot_general', 'conv_general_dilated')

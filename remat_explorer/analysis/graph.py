@@ -112,7 +112,8 @@ class GraphBlock:
   residual_bytes: int
   recompute_flops: int
   recomputed: int
-  """Equations the backward pass recomputes (in the staged jaxpr itself)."""
+  """Equations the backward pass recomputes for one run of the block, those
+  inside its calls and loops (a scan's body once) included."""
   alike: tuple[str, ...] = ()
   """Names of every block whose split this one stands for, itself first,
   when several are alike (the layers of an unrolled model)."""
@@ -191,7 +192,7 @@ class _Builder:
     self.blocks.append(GraphBlock(
         i, block.name, block.function, block.module_path, block.path,
         block.trip_count, block.policy, block.residual_bytes,
-        block.recompute_flops, len(split.recomputed),
+        block.recompute_flops, len(block.recomputed),
         tuple(b.name for b in same) if len(same) > 1 else ()))
     grouping = _Grouping(block, self.module_paths)
     first_node = len(self.nodes)

@@ -1,0 +1,95 @@
+"""Layouts of one long scan compared side by side, each schedule's
+predicted costs beside what its jaxpr and XLA show."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import remat_explorer as rx
+from remat_explorer.analysis import analyze, compare
+from remat_explorer.analysis.layouts import scan_layouts
+
+N, BATCH, HIDDEN, FEATURES = 24, 4, 32, 8
+
+
+def _rnn(schedule, **options):
+  """A small RNN over N steps; `schedule` None is plain ``lax.scan``."""
+  rng = np.random.default_rng(11)
+  w = jnp.asarray(rng.standard_normal((HIDDEN, HIDDEN)) / HIDDEN ** 0.5, jnp.float32)
+  u = jnp.asarray(rng.standard_normal((FEATURES, HIDDEN)) / FEATURES ** 0.5, jnp.float32)
+  xs = jnp.asarray(rng.standard_normal((N, BATCH, FEATURES)), jnp.float32)
+
+  def loss(params, xs):
+    w, u = params
+    h0 = jnp.zeros((BATCH, HIDDEN))
+    scan = (jax.lax.scan if schedule is None else
+            lambda f, c, x: rx.checkpointed_scan(f, c, x, schedule=schedule, **options))
+    h, _ = scan(lambda h, x: (jnp.tanh(h @ w + x @ u), None), h0, xs)
+    return jnp.mean(h ** 2)
+  return loss, ((w, u), xs)
+
+
+LAYOUTS = {'lax.scan': (None, {}), 'every': ('every', {}), 'sqrt': ('sqrt', {}),
+           'segments=3': ('segments', {'segments': 3}),
+           'binomial s=3': (('binomial', 3), {})}
+
+
+@pytest.fixture(scope='module')
+def comparison():
+  layouts = {label: _rnn(schedule, **options)[0]
+             for label, (schedule, options) in LAYOUTS.items()}
+  return compare(layouts, *_rnn(None)[1])
+
+
+def test_one_row_per_layout_on_one_pareto_front(comparison):
+  assert [r.label for r in comparison.rows] == list(LAYOUTS)
+  assert all(r.policy is None and not r.failed for r in comparison.rows)
+  assert comparison.pareto_front
+  # More recompute the fewer carries a schedule keeps; plain scan keeps all
+  # of every step's intermediates.
+  by_label = {r.label: r for r in comparison.rows}
+  assert by_label['lax.scan'].residual_bytes > by_label['every'].residual_bytes
+  assert (by_label['lax.scan'].flops < by_label['every'].flops < by_label['sqrt'].flops
+          < by_label['binomial s=3'].flops)
+
+
+def test_each_schedule_shows_its_prediction_beside_the_measurement(comparison):
+  for row in comparison.rows:
+    if row.label == 'lax.scan':
+      assert row.scan_layouts == ()
+      continue
+    (check,) = row.scan_layouts
+    assert check.steps == N and check.carry == f'f32[{BATCH},{HIDDEN}]'
+    expected = rx.scan_schedule_costs(N, *_schedule_arguments(row.label))
+    assert check.predicted == expected
+    # The recompute the jaxpr shows, in steps, is the closed form's.
+    assert check.recomputed_steps == pytest.approx(expected.recomputed_steps, abs=0.5)
+    assert check.forward_carries > 0 and check.temp_carries > 0
+
+
+def _schedule_arguments(label):
+  schedule, options = LAYOUTS[label]
+  return (schedule, options.get('segments')) if options else (schedule,)
+
+
+def test_the_forward_pass_keeps_fewer_carries_under_deeper_schedules(comparison):
+  # Residuals of the carry's shape: every step's carry under 'every' (and
+  # the last step's output), a segment's under 'sqrt', fewer still nested.
+  by_label = {r.label: r.scan_layouts[0] for r in comparison.rows if r.scan_layouts}
+  assert by_label['every'].forward_carries in (N, N + 1)
+  assert by_label['sqrt'].forward_carries < by_label['every'].forward_carries
+  assert by_label['binomial s=3'].forward_carries < by_label['every'].forward_carries
+
+
+def test_a_mapping_of_functions_takes_no_policies():
+  loss, args = _rnn('every')
+  with pytest.raises(TypeError, match='for a mapping of functions, each is compared as written'):
+    compare({'every': loss}, *args, policies=['dots_saveable'])
+  with pytest.raises(TypeError, match="maps 'every' to 3"):
+    compare({'every': 3}, *args)
+
+
+def test_a_program_without_a_checkpointed_scan_has_no_layout_to_check():
+  loss, args = _rnn(None)
+  assert scan_layouts(analyze(loss, *args)) == ()
