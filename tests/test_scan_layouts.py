@@ -93,3 +93,19 @@ def test_a_mapping_of_functions_takes_no_policies():
 def test_a_program_without_a_checkpointed_scan_has_no_layout_to_check():
   loss, args = _rnn(None)
   assert scan_layouts(analyze(loss, *args)) == ()
+
+
+def test_nested_layouts_report_each_level():
+  loss, args = _rnn('sqrt')
+  report = analyze(loss, *args)
+  segments = rx.scan_schedule_costs(N, 'sqrt').stored_carries  # ~ k + n // k
+  names = {b.name for b in report.blocks}
+  assert 'checkpointed_scan_block' in names  # the layout's blocks, named as such
+  outer, inner = report.levels()
+  assert (outer.level, inner.level) == (0, 1)
+  # Every step runs once inside the segments. Under sqrt each step is
+  # evaluated twice more: once in its segment's recompute, once in its own:
+  # the two levels recompute about as much.
+  assert inner.runs == N and 0 < outer.runs < segments
+  assert outer.recompute_flops == pytest.approx(inner.recompute_flops, rel=0.2)
+  assert sum(level.recompute_flops for level in report.levels()) == report.recompute_flops

@@ -25,6 +25,8 @@ core = jx.core
 
 PolicyChoice = Callable[..., Any] | Mapping[str, Callable[..., Any]] | None
 
+_LAYOUT_BLOCKS = ('checkpointed_scan_block',)
+
 LOWERINGS = STRATEGIES
 """The lowering strategies a block may use (``checkpoint(lowering=...)``)."""
 DEFAULT_LOWERING = DEFAULT_STRATEGY
@@ -161,7 +163,10 @@ class _Walker:
   def _rewrite_block(self, eqn, path, trip_count, parent, site):
     dbg = eqn.params['jaxpr'].debug_info
     wrapper = (dbg.func_name if dbg else None) or 'checkpointed'
-    function = entry_function(eqn, eqn.params['jaxpr']) or wrapper
+    # A block of checkpointed_scan runs many steps of the user's function:
+    # it is named as the layout's, not after the step.
+    function = (wrapper if wrapper in _LAYOUT_BLOCKS
+                else entry_function(eqn, eqn.params['jaxpr']) or wrapper)
     count = self._name_counts.get(function, 0) + 1
     self._name_counts[function] = count
     index = len(self.blocks)

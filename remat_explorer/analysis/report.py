@@ -160,6 +160,23 @@ class BlockReport:
 
 
 @dataclass(frozen=True)
+class NestingLevel:
+  """The blocks at one depth of nesting (``RematReport.levels``)."""
+  level: int
+  """0 for blocks inside no other block."""
+  blocks: int
+  runs: int
+  """Runs of those blocks per call of the program (trip counts applied)."""
+  recompute_flops: int
+  """FLOPs the backward pass spends recomputing for them, all runs."""
+  residual_bytes: int
+  """What their splits save, all runs (a nested block's is held while the
+  backward pass runs through its parent, not from the forward pass)."""
+  unknown_runs: bool = False
+  """Some of them sit in a while loop, whose trip count is not static."""
+
+
+@dataclass(frozen=True)
 class EquationCost:
   """FLOPs of one top-level equation of the forward or backward jaxpr."""
   index: int
@@ -220,6 +237,22 @@ class RematReport:
       cached = split_graph_of(self)
       object.__setattr__(self, '_graph', cached)
     return cached
+
+  def levels(self) -> tuple['NestingLevel', ...]:
+    """The blocks by how deeply they nest (0: not inside another block), for
+    layouts of nested checkpoints such as ``checkpointed_scan``'s."""
+    depth: dict[str, int] = {}
+    for b in self.blocks:  # a parent comes before the blocks inside it
+      depth[b.name] = 0 if b.parent is None else depth.get(b.parent, 0) + 1
+    found: dict[int, list] = {}
+    for b in self.blocks:
+      found.setdefault(depth[b.name], []).append(b)
+    return tuple(NestingLevel(
+        level, len(blocks), sum(b.trip_count or 1 for b in blocks),
+        sum(b.recompute_flops * (b.trip_count or 1) for b in blocks if b.differentiated),
+        sum(b.residual_bytes * (b.trip_count or 1) for b in blocks if b.differentiated),
+        any(b.trip_count is None for b in blocks))
+        for level, blocks in sorted(found.items()))
 
   @property
   def residual_bytes(self) -> int:
