@@ -109,3 +109,18 @@ def test_nested_layouts_report_each_level():
   assert inner.runs == N and 0 < outer.runs < segments
   assert outer.recompute_flops == pytest.approx(inner.recompute_flops, rel=0.2)
   assert sum(level.recompute_flops for level in report.levels()) == report.recompute_flops
+
+
+def test_the_tables_set_theory_beside_measurement(comparison):
+  from remat_explorer.viz.layout_tables import nesting_levels_html, scan_layouts_html
+  html = scan_layouts_html(comparison)
+  for row in comparison.rows:
+    for check in row.scan_layouts:
+      assert f'<td>{check.schedule}</td>' in html
+      assert f'<td>{check.predicted.recomputed_steps}</td>' in html
+      assert f'<td>{check.recomputed_steps:.1f}</td>' in html
+  assert html.count('<tr>') == 1 + sum(len(r.scan_layouts) for r in comparison.rows)
+  sqrt = comparison.row('sqrt').report
+  levels = nesting_levels_html(sqrt)
+  assert levels.count('<tr>') == 1 + len(sqrt.levels()) == 3
+  assert nesting_levels_html(comparison.row('lax.scan').report) == ''
