@@ -181,6 +181,9 @@ def shown_buffers(rows, top: int = PEAK_TOP, residuals: int = PEAK_RESIDUALS) ->
 PEAK_HEADINGS = ('bytes', 'kind', 'name', 'module path', 'source line', 'made by',
                  'FLOPs to drop', 'buffer')
 """The columns of a table of live buffers; `peak_cells` fills them."""
+PEAK_WRAPPED = ('source line', 'buffer')
+"""Columns whose text may break anywhere (long paths without spaces); the
+others (figures, kinds, names, module paths) stay on one line."""
 
 
 def peak_cells(r) -> list[str]:
@@ -207,9 +210,11 @@ def peak_table_html(rows, *, caption: str = '', top: int = PEAK_TOP,
   headings, cells = drop_empty_columns(list(PEAK_HEADINGS), [peak_cells(r) for r in shown],
                                        keep=('bytes', 'kind', 'buffer'))
   head = ''.join(f'<th>{h}</th>' for h in headings)
+  wrapped = ['remat-wrap' if h in PEAK_WRAPPED else '' for h in headings]
   body = ''.join(
       f'<tr class="remat-live-{html_text(r.kind)}">'
-      + ''.join(f'<td>{html_text(c)}</td>' for c in row) + '</tr>'
+      + ''.join(f'<td class="{w}">{html_text(c)}</td>' if w else f'<td>{html_text(c)}</td>'
+                for w, c in zip(wrapped, row)) + '</tr>'
       for r, row in zip(shown, cells))
   rest = rest_text(rows, shown)
   if rest:

@@ -16,8 +16,9 @@ import functools
 import json
 import math
 
-from remat_explorer.viz.tables import (PEAK_HEADINGS, live_summary, peak_cells,
-                                       peak_table_html, rest_text, shown_buffers)
+from remat_explorer.viz.tables import (PEAK_HEADINGS, PEAK_WRAPPED, live_summary,
+                                       peak_cells, peak_table_html, rest_text,
+                                       shown_buffers)
 from remat_explorer.viz.text import MISSING, byte_unit, format_bytes, html_text
 from remat_explorer.viz.timeline_view import PASS_COLORS, Band, TimelineView
 from remat_explorer.viz.viewer import STATIC
@@ -72,7 +73,8 @@ def live_data(view: TimelineView, keys: dict[int, str] | None = None) -> dict:
             or any(cells[j][1 + i] not in ('', MISSING) for j in ids)]
     lists[f'b{index}'] = {'rows': ids, 'columns': used, 'caption': live_summary(live),
                           'rest': rest_text(live, shown)}
-  return {'headings': list(PEAK_HEADINGS), 'rows': cells, 'lists': lists}
+  return {'headings': list(PEAK_HEADINGS), 'rows': cells, 'lists': lists,
+          'wrapped': [i for i, h in enumerate(PEAK_HEADINGS) if h in PEAK_WRAPPED]}
 
 
 def _json_for_html(data) -> str:

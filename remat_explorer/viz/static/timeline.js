@@ -19,7 +19,11 @@ function liveTable(data, list) {
     const row = data.rows[id];  // [kind, ...cells]
     const tr = body.insertRow();
     tr.className = 'remat-live-' + row[0];
-    for (const c of list.columns) tr.insertCell().textContent = row[1 + c];
+    for (const c of list.columns) {
+      const td = tr.insertCell();
+      td.textContent = row[1 + c];
+      if (data.wrapped.includes(c)) td.className = 'remat-wrap';
+    }
   }
   if (list.rest) {
     const tr = body.insertRow();
