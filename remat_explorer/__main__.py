@@ -3,6 +3,11 @@
 Writes a self-contained HTML report for an example model or for a function
 of yours (``--fn module:function``, a function that returns
 ``(loss_fn, args)``), printing progress while it compiles.
+
+The default model is the transformer whose layers are a ``scan``: XLA keeps
+a recompute inside a loop body apart from the forward pass, so its
+policies differ even on the CPU, where XLA merges the recompute of
+unrolled layers back into the forward pass (``--lowering cond`` keeps it).
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ def _load_problem(args):
       raise SystemExit(f'cannot load {args.fn!r}: {e}') from e
     loss_fn, fn_args = make()
     return loss_fn, tuple(fn_args)
+  if args.model == 'transformer_scan':
+    return examples.transformer(use_scan=True)
   return examples.build(args.model)
 
 
@@ -34,15 +41,20 @@ def report_main(argv=None) -> int:
       prog='python -m remat_explorer report',
       description='Write a self-contained HTML report on a model\'s remat policies.')
   source = parser.add_mutually_exclusive_group()
-  source.add_argument('--model', default='transformer',
-                      choices=['transformer', 'mlp', 'convnet'],
-                      help='an example model at its default size')
+  source.add_argument('--model', default='transformer_scan',
+                      choices=['transformer_scan', 'transformer', 'mlp', 'convnet'],
+                      help='an example model at its default size (transformer_scan: '
+                           'its layers a scan; transformer: unrolled)')
   source.add_argument('--fn', help='module:function returning (loss_fn, args)')
   parser.add_argument(
-      '--policy', default='as written',
+      '--policy', default=None,
       help="the policy shown in detail: 'as written' (the program's own), "
            "'no remat', or any policy jax.checkpoint_policies builds, e.g. "
            "\"save_only_these_names('mlp_hidden', 'qkv')\"")
+  from remat_explorer.analysis import LOWERINGS
+  parser.add_argument('--lowering', choices=list(LOWERINGS), default=None,
+                      help='how remat blocks are lowered (default: the library\'s); '
+                           'cond keeps a recompute XLA would merge into the forward pass')
   parser.add_argument('--out', default='report.html', type=Path)
   args = parser.parse_args(argv)
 
@@ -54,9 +66,11 @@ def report_main(argv=None) -> int:
 
   loss_fn, fn_args = _load_problem(args)
   start = time.perf_counter()
-  first = analyze(loss_fn, *fn_args)
+  first = analyze(loss_fn, *fn_args, lowering=args.lowering)
   policies = builtin_policies(first.names_in_program)
-  shown = args.policy
+  shown = args.policy or AS_WRITTEN
+  because = ('asked for with --policy' if args.policy else
+             'the program as written; --policy shows another')
   if shown not in (AS_WRITTEN, AS_WRITTEN_NO_REMAT, 'no remat', *policies):
     try:  # said before anything compiles
       policy = parse_policy(shown)
@@ -71,9 +85,10 @@ def report_main(argv=None) -> int:
   def progress(done, total, label):
     print(f'[{done}/{total}] compiled under {label} '
           f'({time.perf_counter() - start:.1f} s)', flush=True)
-  comparison = compare(loss_fn, *fn_args, policies=policies, progress=progress)
-  args.out.write_text(report_html(comparison, comparison.row(shown).report),
-                      encoding='utf-8')
+  comparison = compare(loss_fn, *fn_args, policies=policies, lowering=args.lowering,
+                       progress=progress)
+  args.out.write_text(report_html(comparison, comparison.row(shown).report,
+                                  shown_because=because), encoding='utf-8')
   print(f'wrote {args.out} ({args.out.stat().st_size / 1024:.0f} KiB) in '
         f'{time.perf_counter() - start:.1f} s')
   return 0

@@ -42,6 +42,7 @@ MIN_TEXT_PX = 11
 LAB_SETTINGS = {'@jupyterlab/apputils-extension/notification.jupyterlab-settings': {
     'fetchNews': 'false', 'checkForUpdates': False, 'doNotDisturbMode': True}}
 UNTRUSTED_NOTEBOOK = 'untrusted.ipynb'
+PEAK_NOTEBOOK = 'peak.ipynb'
 
 
 def _require_chromium():
@@ -411,6 +412,97 @@ def test_a_saved_notebook_opened_untrusted_shows_its_diagrams_as_images(lab, bro
   page.close()
 
 
+def _peak_notebook(path: Path) -> None:
+  """A notebook that opens the Explorer on the NNX transformer, as its
+  users write it (unexecuted: the browser runs it)."""
+  import nbformat
+  source = ('import remat_explorer as rx\n'
+            'from tests.framework_models import nnx_transformer\n'
+            'loss_fn, args = nnx_transformer()\n'
+            'explorer = rx.explore(loss_fn, *args)\n'
+            'explorer')
+  notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)])
+  notebook.metadata['kernelspec'] = {'name': 'python3', 'display_name': 'Python 3',
+                                     'language': 'python'}
+  nbformat.write(notebook, path)
+
+
+_LIVE_AT = ('from remat_explorer.analysis import analyze, compile_costs, live_at_peak\n'
+            'live = live_at_peak(analyze(loss_fn, *args), compile_costs(loss_fn, *args), {step})\n')
+_TOP_RESIDUAL = (_LIVE_AT.format(step=None)
+                 + "top = next(r for r in live if r.kind == 'residual')\n"
+                 + "print(top.buffer, top.source, sep='\\t')")
+
+
+def _shown_panel(timeline):
+  """The live-buffer table the timeline shows now."""
+  return timeline.locator('.remat-at:not([hidden])')
+
+
+def _check_timeline_hover(page, timeline, live_at):
+  """Hovering over a band other than the peak's lists the buffers live at
+  its step (`live_at(step)` names the largest); a click keeps them once
+  the pointer has left the chart; a second click lets them go."""
+  band = timeline.locator('.remat-band:not([data-at="peak"])').nth(3)
+  band.hover()
+  page.wait_for_function("(t) => t.dataset.showing !== 'peak'", arg=timeline.element_handle(),
+                         timeout=10_000)
+  head = timeline.locator('.remat-live-head').inner_text()
+  step = int(re.match(r'Live at (?:steps \d+–\d+, highest )?step (\d+) of', head).group(1))
+  rows = _shown_panel(timeline).locator('tbody tr')
+  assert rows.count() >= 1
+  assert live_at(step) in rows.first.inner_text(), (head, rows.first.inner_text())
+  band.click()
+  page.mouse.move(5, 5)  # off the chart: the kept band stays
+  assert timeline.evaluate('(t) => t.dataset.showing') == band.get_attribute('data-band')
+  band.hover()
+  band.click()  # let go: leaving the chart shows the peak again
+  page.mouse.move(5, 5)
+  page.wait_for_function("(t) => t.dataset.showing === 'peak'", arg=timeline.element_handle(),
+                         timeout=10_000)
+
+
+def test_explorer_costs_list_what_is_live_at_the_peak(lab, browser):
+  base, token, notebooks = lab
+  _peak_notebook(notebooks / PEAK_NOTEBOOK)
+  page = browser.new_page(viewport={'width': 1440, 'height': 900})
+  _run_all_cells(page, f'{base}/lab/tree/{PEAK_NOTEBOOK}?token={token}')
+  # This notebook's Explorer: the server may have reopened others, hidden.
+  explorer = page.locator('.remat-explorer:visible').first
+  explorer.wait_for(timeout=240_000)
+  explorer.get_by_role('tab', name='Costs').click()
+  timeline = explorer.locator('.remat-timeline').first
+  timeline.wait_for(timeout=240_000)
+  page.wait_for_function(  # compiled, and the script has mounted it
+      "(e) => { const t = e.querySelector('.remat-timeline');"
+      " return t && t.dataset.mounted && !t.closest('.remat-stale'); }",
+      arg=explorer.element_handle(), timeout=240_000)
+
+  # The peak's table lists the largest residual with the model's own line.
+  buffer, source = _kernel_print(page, _TOP_RESIDUAL).strip().split('\t')
+  # (The kernel runs in the notebooks' folder: the path is absolute there.)
+  assert re.search(r'(^|/)tests/framework_models\.py:\d+ ', source), source
+  peak = _shown_panel(timeline)
+  assert peak.get_attribute('data-at') == 'peak'
+  row = peak.locator('tr', has_text=buffer).first
+  row.scroll_into_view_if_needed()
+  assert row.is_visible() and source in row.inner_text()
+
+  def live_at(step):
+    return _kernel_print(page, _LIVE_AT.format(step=step) + 'print(live[0].buffer)').strip()
+  _check_timeline_hover(page, timeline, live_at)
+
+  # Nothing cut: the tables fit their box, no button is clipped, no escapes.
+  overflow = page.evaluate("""() => Array.from(
+      document.querySelectorAll('.remat-explorer .remat-live, .remat-explorer button'))
+      .filter(e => e.offsetParent !== null && e.scrollWidth > e.clientWidth + 1)
+      .map(e => e.className || e.innerText)""")
+  assert overflow == [], overflow
+  text = page.evaluate("() => document.querySelector('.remat-explorer').textContent")
+  assert '\x1b[' not in text and '[35m' not in text
+  page.close()
+
+
 def test_static_report_pans_and_zooms_its_diagram(browser, tmp_path):
   from remat_explorer import examples
   from remat_explorer.analysis import compare
@@ -432,5 +524,13 @@ def test_static_report_pans_and_zooms_its_diagram(browser, tmp_path):
   assert all(w > 100 for w in widths), widths
   assert re.search(r'Policies compared', page.inner_text('body'))
   assert '\x1b[' not in page.evaluate('document.body.textContent')
+
+  # The timeline lists what is live where the pointer is, from the page.
+  from remat_explorer.analysis import live_at_peak
+  row = comparison.row('dots_saveable')
+  timeline = page.locator('.remat-timeline').first
+  timeline.scroll_into_view_if_needed()
+  _check_timeline_hover(page, timeline,
+                        lambda step: live_at_peak(row.report, row.costs, step)[0].buffer)
   assert errors == []
   page.close()

@@ -28,6 +28,12 @@ def small_transformer():
   return examples.transformer(num_layers=2, d_model=32, seq_len=16, batch=2)
 
 
+def tiny_mlp():
+  """Three layers in a scan, every policy compiled in a second or two:
+  ``--fn tests.test_viz:tiny_mlp`` for the command line's test."""
+  return examples.mlp(num_layers=3, width=16, batch=4)
+
+
 @pytest.fixture(scope='module')
 def problem():
   return small_transformer()
@@ -135,9 +141,10 @@ def test_policies_on_one_point_share_one_label(comparison):
 
 
 def test_crowded_labels_become_numbers_listed_under_the_chart():
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
   from matplotlib.figure import Figure
   fig = Figure(figsize=(3, 2), layout='constrained')
-  charts.FigureCanvasAgg(fig)
+  FigureCanvasAgg(fig)
   ax = fig.add_subplot()
   points = [(f'a rather long policy label {i}', i * 0.02, i * 0.02) for i in range(8)]
   ax.scatter([p[1] for p in points], [p[2] for p in points])
@@ -217,8 +224,9 @@ def test_memory_timeline_of_many_policies_gets_a_panel_each(comparison):
   for ax, (label, costs) in zip(panels, [(k, c) for k, c in chosen.items()
                                          if k != 'no remat']):
     assert ax.get_title().startswith(charts.short_label(label))
-    lines = ax.get_lines()
-    assert len(lines) == 2  # this policy, and no remat in grey
+    # This policy, and no remat in grey (the dashed line marks the backward pass).
+    lines = [l for l in ax.get_lines() if l.get_linestyle() != '--']
+    assert len(lines) == 2
     assert np.max(lines[1].get_ydata()) == pytest.approx(costs.timeline.peak_bytes / scale)
     assert np.max(lines[0].get_ydata()) == pytest.approx(
         chosen['no remat'].timeline.peak_bytes / scale)
@@ -288,6 +296,58 @@ def test_user_names_are_escaped_everywhere():
 
 # -- the HTML report and the command line -------------------------------------------
 
+def test_report_opens_with_as_written_and_the_recommended_policy(comparison):
+  document = viz.report_html(comparison, comparison.rows[0].report,
+                             shown_because='the program as written')
+  summary = document[document.index('<h2>In short</h2>'):document.index('</section>')]
+  baseline = comparison.baseline
+  # The rule, worked out here from the rows.
+  below = [r for r in comparison.rows if r.on_pareto_front and r is not baseline
+           and r.peak_bytes < baseline.peak_bytes]
+  best = min(below, key=lambda r: (r.flops, r.peak_bytes), default=None)
+  assert html_recommended(best) in summary
+  assert 'Rule: ' in summary or best is None
+  assert summary.index('<b>as written</b>') < summary.index('ecommend')
+  # No warning box comes before the table: each row's warning is in its notes.
+  assert 'class="warning"' not in document[:document.index('<h2>Policies compared</h2>')]
+  assert ('<h2>Split under as written</h2>' in document
+          and 'Shown in detail: as written (the program as written)' in document)
+
+
+def _unrolled_mlp(num_layers=6, width=64, batch=32):
+  keys = jax.random.split(jax.random.key(0), num_layers + 1)
+  ws = [jax.random.normal(k, (width, width)) / width ** 0.5 for k in keys[:-1]]
+  layer = rx.checkpoint(lambda w, x: jnp.tanh(x @ w))
+
+  def mlp(ws, x):
+    for w in ws:
+      x = layer(w, x)
+    return jnp.mean(x ** 2)
+  return mlp, (ws, jax.random.normal(keys[-1], (batch, width)))
+
+
+def test_report_says_in_one_line_where_xla_merged_the_recompute_away():
+  f, args = _unrolled_mlp()
+  comparison = compare(f, *args, policies=['nothing_saveable', 'dots_saveable',
+                                           'everything_saveable'])
+  merged = [r.label for r in comparison.rows if r.recompute_eliminated]
+  if jax.default_backend() == 'cpu':  # premise: the CPU merges unrolled layers' recompute
+    assert 'nothing_saveable' in merged
+  document = viz.report_html(comparison, comparison.rows[0].report)
+  summary = document[document.index('<h2>In short</h2>'):document.index('</section>')]
+  assert summary.count('merged the recompute') == (1 if merged else 0)
+  if merged:
+    line = re.search(r'<p>[^<]*merged the recompute of ([^<]*) into', summary)
+    assert line.group(1).split(', ') == [tables.html_text(label) for label in merged]
+  assert 'class="warning"' not in document[:document.index('<h2>Policies compared</h2>')]
+
+
+def html_recommended(row) -> str:
+  if row is None:
+    return 'nothing to recommend'
+  return f'<b>Recommended: {tables.html_text(row.label)}</b>: compiled peak {viz.format_bytes(row.peak_bytes)}'
+
+
 def test_report_has_every_section(comparison):
   report = comparison.row('dots_saveable').report
   document = viz.report_html(comparison, report)
@@ -299,7 +359,9 @@ def test_report_has_every_section(comparison):
   # The diagram sits in the pan-and-zoom viewer, whose script is inlined:
   # nothing is fetched (no CDN), once per document.
   assert document.count('class="remat-viewer-static"') == 1
-  assert document.count('<script>') == 1 and 'mountStatic(document)' in document
+  # Each script once: the viewer's and the timeline's.
+  assert document.count('<script>') == 2 and document.count('mountStatic(document)') == 1
+  assert document.count('mountTimelines(document);') == 1
   assert 'src="http' not in document and '<script src' not in document
   assert '.diagram svg { max-width: 100%' not in document  # never shrunk to fit
 
@@ -331,16 +393,24 @@ def test_svg_image_fallback_is_base64_svg_at_natural_size():
 def test_command_line_report(tmp_path):
   out = tmp_path / 'report.html'
   run = subprocess.run(
-      [sys.executable, '-m', 'remat_explorer', 'report', '--fn',
-       'tests.test_viz:small_transformer', '--policy',
-       "jax.checkpoint_policies.save_only_these_names('query', 'mlp_hidden')",
+      [sys.executable, '-m', 'remat_explorer', 'report', '--fn', 'tests.test_viz:tiny_mlp',
+       '--policy', "jax.checkpoint_policies.save_only_these_names('pre_activation')",
        '--out', str(out)],
-      cwd=ROOT, capture_output=True, text=True, timeout=600)
+      cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert run.returncode == 0, run.stderr
   assert re.search(r'\[1/\d+\] compiled under ', run.stdout)
   assert 'compiled under as written' in run.stdout
   assert 'wrote' in run.stdout
-  assert "Split under save_only_these_names(&#x27;mlp_hidden&#x27;, &#x27;query&#x27;)" in out.read_text()
+  document = out.read_text()
+  shown = "save_only_these_names(&#x27;pre_activation&#x27;)"
+  assert f'<h2>Split under {shown}</h2>' in document
+  assert f'Shown in detail: {shown} (asked for with --policy)' in document
+  # It opens with the program as written; the shown policy's timeline and
+  # what is live at its peak follow the comparison.
+  assert document.index('<h2>In short</h2>') < document.index('<h2>Policies compared</h2>')
+  assert re.search(r'<h2>In short</h2><p><b>as written</b>: compiled peak', document)
+  assert f'<h3>Under {shown}: what is live at each step</h3>' in document
+  assert 'class="remat-peak-table"' in document and '\x1b[' not in document
 
 
 def test_command_line_rejects_an_unknown_policy_before_compiling(tmp_path):
@@ -401,15 +471,15 @@ def test_a_single_compile_shows_an_indeterminate_bar_and_greys_the_old_costs(pro
   e = rx.explore(f, *args)
   # Straight after a change the compile is running: no count to show.
   assert '<progress></progress>' in e.progress.value
-  assert 'compiling under nothing_saveable · lowering barrier' in e.progress.value
-  assert _panels.STALE in e.costs_view._dom_classes
+  assert 'compiling under as written · lowering barrier' in e.progress.value
+  assert _panels.STALE in e.costs_tab._dom_classes
   e.wait(300)
-  assert e.progress.value == '' and _panels.STALE not in e.costs_view._dom_classes
+  assert e.progress.value == '' and _panels.STALE not in e.costs_tab._dom_classes
   e.policy.value = 'dots_saveable'
-  assert _panels.STALE in e.costs_view._dom_classes  # old figures, marked
-  assert 'compiled under nothing_saveable' in e.costs_view.value
+  assert _panels.STALE in e.costs_tab._dom_classes  # old figures, marked
+  assert 'compiled under as written' in e.costs_view.value
   e.wait(300)
-  assert _panels.STALE not in e.costs_view._dom_classes
+  assert _panels.STALE not in e.costs_tab._dom_classes
   assert 'compiled under dots_saveable' in e.costs_view.value
 
 
@@ -434,7 +504,7 @@ def test_explorer_compare_and_pick_from_the_front(problem):
   assert 'remat-comparison-table' in e.compare_view.value
   assert 'no remat' in e.pareto_pick.options and 'dots_saveable' in e.pareto_pick.options
   # Filling the buttons picked nothing: the policy is the user's.
-  assert e.policy.value == 'nothing_saveable'
+  assert e.policy.value == 'as written'
   e.pareto_pick.value = 'dots_saveable'
   assert e.policy.value == 'dots_saveable'
   assert 'dots_saveable' in e.residual_view.value
@@ -529,6 +599,32 @@ def test_comparison_warnings_sit_in_their_rows_once(comparison):
   assert tables.other_warnings(comparison) == []
 
 
+def test_each_row_carries_its_own_warnings(comparison):
+  baseline = comparison.baseline
+  warned = [r for r in comparison.rows if r.warnings]
+  assert warned  # premise: on the CPU some policies do not lower the peak
+  for r in comparison.rows:
+    # A row warns exactly when its compiled peak is not below no remat's.
+    assert bool(r.warnings) == (r is not baseline and r.peak_bytes >= baseline.peak_bytes)
+    assert len(set(r.warnings)) == len(r.warnings)
+  assert list(comparison.warnings) == [f'{r.label}: {w}' for r in comparison.rows
+                                       for w in r.warnings]
+  folded = 0
+  for r in warned:
+    # Residuals alike (one per layer) are one item, with how many.
+    alike = {}
+    for x in r.report.residuals:
+      if x.kind != 'argument':
+        alike[f'{x.type_string} {x.description}'] = alike.get(
+            f'{x.type_string} {x.description}', 0) + 1
+    for text, count in alike.items():
+      if text in r.warnings[0] and count > 1:
+        assert f'{text} (×{count})' in r.warnings[0]
+        folded += 1
+    assert tables.row_note(r).startswith(r.warnings[0][:40])
+  assert folded  # premise: two layers keep residuals alike
+
+
 def test_a_click_on_a_collapsed_call_opens_it():
   def block(x):
     y, _ = jax.lax.scan(lambda c, _: (jnp.cos(c) * x, None), x, None, length=3)
@@ -573,7 +669,7 @@ def test_explorer_falls_back_to_static_html_where_widgets_do_not_run(problem):
   # inline SVG (leaving its text) but keeps images.
   assert '<img class="diagram"' in static and 'data:image/svg+xml;base64,' in static
   assert '<svg' not in static and 'remat-residual-table' in static
-  assert f'under policy {e.policy.value}' in static
+  assert f'under policy {tables.html_text(e.current_report().policy)}' in static
 
 
 def test_explorer_keeps_only_the_latest_compile(problem):

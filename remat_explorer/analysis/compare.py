@@ -79,6 +79,9 @@ class PolicyRow:
   scan_layouts: tuple = ()
   """For each ``checkpointed_scan`` in the program, its schedule's
   predicted costs beside the measured ones (``layouts.ScanLayoutCheck``)."""
+  warnings: tuple[str, ...] = ()
+  """What is wrong with this row's figures, each once, without the label
+  (``Comparison.warnings`` holds them with it)."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,8 @@ class Comparison:
   platform: str
   rows: tuple[PolicyRow, ...]
   warnings: tuple[str, ...]
+  """Every row's warnings, each starting with ``'<label>: '``; the rows'
+  ``warnings`` hold the same without the label."""
   flops_used_by_charts: str = FLOPS_USED_BY_CHARTS
   num_devices: int = 1
   """Devices each compiled program is partitioned over."""
@@ -164,12 +169,13 @@ def compare(f, *args, policies: Mapping[str, Any] | Sequence | None = None,
       jobs['no remat'] = (f, NO_REMAT)
     for label, policy in _resolve_policies(policies, first.names_in_program).items():
       jobs.setdefault(label, (f, policy))
-  rows = _mark_pareto_front(_run(jobs, args, common, parallel, progress, repeats))
+  rows = _with_warnings(_mark_pareto_front(
+      _run(jobs, args, common, parallel, progress, repeats)))
   device = rows[0].costs
   functions = ' / '.join(dict.fromkeys(r.report.function for r in rows))
   return Comparison(function=functions, device_kind=device.device_kind,
                     platform=device.platform, rows=tuple(rows),
-                    warnings=tuple(_memory_did_not_drop(rows)),
+                    warnings=tuple(f'{r.label}: {w}' for r in rows for w in r.warnings),
                     num_devices=device.num_devices, mesh_shape=device.mesh_shape)
 
 
@@ -311,21 +317,33 @@ def _mark_pareto_front(rows: list[PolicyRow]) -> list[PolicyRow]:
   return [dataclasses.replace(r, on_pareto_front=id(r) in front) for r in rows]
 
 
-def _memory_did_not_drop(rows: list[PolicyRow]) -> list[str]:
+def _with_warnings(rows: list[PolicyRow]) -> list[PolicyRow]:
   baseline = next((r for r in rows if r.policy is NO_REMAT and not r.failed), None)
-  if baseline is None:
+  return [dataclasses.replace(r, warnings=tuple(dict.fromkeys(_row_warnings(r, baseline))))
+          for r in rows]
+
+
+def _row_warnings(row: PolicyRow, baseline: PolicyRow | None) -> list[str]:
+  """A policy whose compiled peak is not below no remat's, with the
+  residuals that hold it up (and XLA's merge of the recompute, if any)."""
+  if (baseline is None or row is baseline or row.failed or row.peak_bytes is None
+      or row.peak_bytes < baseline.peak_bytes):
     return []
-  warnings = []
-  for r in rows:
-    if r is baseline or r.failed or r.peak_bytes is None or r.peak_bytes < baseline.peak_bytes:
-      continue
-    # Arguments are alive anyway; the residuals worth pointing at are the rest.
-    biggest = sorted((x for x in r.report.residuals if x.kind != 'argument'),
-                     key=lambda x: -x.device_bytes)[:3] if r.report else []
-    dominant = '; '.join(f'{x.type_string} {x.description}' for x in biggest)
-    warnings.append(
-        f'{r.label}: compiled peak {r.peak_bytes:,} bytes is not below no '
-        f'remat\'s {baseline.peak_bytes:,} bytes. Largest residuals besides '
-        f'arguments: {dominant or "none"}.'
-        + (f' {r.recompute_eliminated}' if r.recompute_eliminated else ''))
-  return warnings
+  return [f'compiled peak {row.peak_bytes:,} bytes is not below no remat\'s '
+          f'{baseline.peak_bytes:,} bytes. Largest residuals besides arguments: '
+          f'{_largest_residuals(row.report) or "none"}.'
+          + (f' {row.recompute_eliminated}' if row.recompute_eliminated else '')]
+
+
+def _largest_residuals(report: RematReport | None, count: int = 3) -> str:
+  """The `count` largest residuals besides arguments (alive anyway), those
+  alike (a residual of every layer) as one item with how many."""
+  if report is None:
+    return ''
+  alike: dict[str, list] = {}
+  for r in report.residuals:
+    if r.kind != 'argument':
+      alike.setdefault(f'{r.type_string} {r.description}', []).append(r.device_bytes)
+  largest = sorted(alike.items(), key=lambda kv: -max(kv[1]))[:count]
+  return '; '.join(text + (f' (×{len(sizes)})' if len(sizes) > 1 else '')
+                   for text, sizes in largest)

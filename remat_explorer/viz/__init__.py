@@ -7,8 +7,10 @@
 * ``plot_memory_breakdown``, ``plot_pareto``, ``plot_residuals_by_origin``,
   ``plot_memory_timeline``, ``plot_per_device_memory``: matplotlib figures
   of compiled costs.
-* ``residual_table_html``, ``comparison_table_html``, ``report_jaxprs_html``:
-  HTML tables and jaxpr listings.
+* ``residual_table_html``, ``comparison_table_html``, ``report_jaxprs_html``,
+  ``peak_table_html``: HTML tables and jaxpr listings.
+* ``timeline_view`` / ``timeline_html``: the memory timeline as data and as
+  inline SVG whose bands list the buffers live there (hover, click).
 * ``report_html``: a self-contained HTML report.
 * ``explore(f, *args)`` / ``Explorer``: the ipywidgets Explorer, which only
   wires controls to the functions above (``_work`` runs its compiles on
@@ -21,14 +23,14 @@ from remat_explorer.viz.charts import (plot_memory_breakdown, plot_memory_timeli
 from remat_explorer.viz.explorer import Explorer, StaticView, explore
 from remat_explorer.viz.html_report import report_html
 from remat_explorer.viz.split_graph import render_svg, split_graph, to_svg
-from remat_explorer.viz.tables import (comparison_table_html, jaxpr_html,
+from remat_explorer.viz.tables import (comparison_table_html, jaxpr_html, peak_table_html,
                                        report_jaxprs_html, residual_table_html)
 from remat_explorer.viz.text import format_bytes, format_flops
 
 __all__ = [
     'split_graph', 'to_svg', 'render_svg', 'plot_memory_breakdown', 'plot_pareto',
     'plot_residuals_by_origin', 'plot_memory_timeline', 'plot_per_device_memory',
-    'residual_table_html',
+    'residual_table_html', 'peak_table_html',
     'comparison_table_html', 'jaxpr_html', 'report_jaxprs_html', 'report_html',
     'explore', 'Explorer', 'StaticView', 'format_bytes', 'format_flops',
 ]

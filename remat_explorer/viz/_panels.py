@@ -4,9 +4,11 @@ is running, so the widget only assigns their results.
 
 from __future__ import annotations
 
+import traceback
+
 from remat_explorer.analysis.compare import recompute_eliminated
-from remat_explorer.viz.charts import plot_memory_timeline
-from remat_explorer.viz.embed import chart_img
+from remat_explorer.viz.timeline_html import timeline_html
+from remat_explorer.viz.timeline_view import timeline_view
 from remat_explorer.viz.text import (MISSING, format_bytes, format_flops, format_seconds,
                                      html_text, unique_lines)
 
@@ -68,14 +70,19 @@ def warnings_html(warnings) -> str:
   return ''.join(f'<p class="warning">{html_text(w)}</p>' for w in unique_lines(warnings))
 
 
+def error_text(e: Exception) -> str:
+  """'ValueError: ...': the exception's type and message, without a traceback."""
+  return ''.join(traceback.format_exception_only(type(e), e)).strip()
+
+
 def error_html(message: str) -> str:
   return f'<p class="error">{html_text(message)}</p>'
 
 
 def costs_html(label, lowering, costs, baseline, report) -> str:
   """The Costs tab: XLA's figures for `label` beside no remat's, the flag
-  when the compiler merged the recompute away, and the memory timeline of
-  the two."""
+  when the compiler merged the recompute away, the memory timeline (no
+  remat's beside it) and what is live at the peak."""
   caption = caption_html(label, lowering, f'device {costs.device_kind}', 'compiled')
   if costs.failed:
     return caption + error_html(f'Compile failed: {costs.error}')
@@ -90,12 +97,11 @@ def costs_html(label, lowering, costs, baseline, report) -> str:
           ('compile time', format_seconds(costs.compile_seconds))]
   table = ''.join(f'<tr><td>{k}</td><td>{v}</td></tr>' for k, v in rows)
   flag = recompute_eliminated(report, costs)
-  timelines = {label: costs}
-  if not baseline.failed:
-    timelines['no remat'] = baseline
+  reference = None if baseline.failed or baseline is costs else ('no remat', baseline)
+  view = timeline_view(report, costs, reference=reference)
   return (f'<div class="remat-costs">{caption}<table>{table}</table>'
           + warnings_html([flag] if flag else [])
-          + chart_img(plot_memory_timeline(timelines), 'memory timeline') + '</div>')
+          + '<h4>Memory along the compiled step</h4>' + timeline_html(view) + '</div>')
 
 
 def device_text(report) -> str:
@@ -108,3 +114,42 @@ def device_text(report) -> str:
     return f'device {kind}'
   mesh = mesh_text(report.mesh_shape)
   return f'{report.num_devices} × {kind}' + (f' (mesh {mesh})' if mesh else '')
+
+
+def budget_bytes(fraction: float, ends: tuple[int, int]) -> int:
+  """A fraction of the way from nothing_saveable's compiled peak to
+  everything_saveable's, in bytes, as ``search_policy`` resolves it."""
+  low, high = ends
+  return int(low + fraction * (high - low))
+
+
+def budget_text(fraction: float, ends: tuple[int, int] | None) -> str:
+  """'50% (≈ 1.2 MiB)' once the ends are known, else '50%'."""
+  if ends is None:
+    return f'{fraction:.0%}'
+  return f'{fraction:.0%} (≈ {format_bytes(budget_bytes(fraction, ends))})'
+
+
+def budget_html(fraction: float, ends: tuple[int, int] | None) -> str:
+  """Beside the budget slider: the bytes its fraction stands for, or that
+  they are being compiled."""
+  if ends is None:
+    return ('<span class="remat-caption" title="compiling nothing_saveable and '
+            'everything_saveable, the budget\'s ends">≈ … bytes (compiling…)</span>')
+  low, high = ends
+  return (f'<span title="0%: nothing_saveable\'s compiled peak, {format_bytes(low)}; '
+          f'100%: everything_saveable\'s, {format_bytes(high)}">'
+          f'≈ {format_bytes(budget_bytes(fraction, ends))} '
+          f'<span class="remat-caption">({format_bytes(low)} – {format_bytes(high)})'
+          '</span></span>')
+
+
+def search_html(result) -> str:
+  """What a search found (``SearchResult``): its policy and explanation
+  (what it saves, its peak against the budget, its FLOPs), or, when
+  nothing fits the budget, that no policy can."""
+  if not result.fits:
+    return error_html(f'No policy fits the budget of {format_bytes(result.budget_bytes)}. '
+                      f'{result.explanation}')
+  return (f'<p class="remat-search-result">Search within {format_bytes(result.budget_bytes)}:'
+          f' <b>{html_text(result.label)}</b>. {html_text(result.explanation)}</p>')

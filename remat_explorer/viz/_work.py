@@ -90,7 +90,10 @@ class Work:
         with self._context():
           result = compute(progress)
       except Exception as e:  # shown in the widget
-        self.post(lambda: failed(e))
+        # `e` itself is unbound once the except clause ends; the callback
+        # runs later, so it keeps its own reference.
+        error = e
+        self.post(lambda: failed(error))
       else:
         self.post(lambda: apply(result))
       finally:

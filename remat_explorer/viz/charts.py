@@ -9,37 +9,24 @@ in KiB/MiB/GiB and FLOPs in kFLOP/MFLOP/GFLOP, scaled to the data.
 
 from __future__ import annotations
 
-import functools
 from collections import defaultdict
 from typing import Mapping
 
-import matplotlib
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
 
 from remat_explorer.analysis.compare import Comparison, PolicyRow
 from remat_explorer.analysis.compiled import CompiledCosts
 from remat_explorer.analysis.report import RematReport
 from remat_explorer.analysis.sharding import mesh_text
 from remat_explorer.viz import _labels
+from remat_explorer.viz._figures import (legend_below, legend_outside, literal_text,
+                                         new_figure, short_label, unit_name)
 from remat_explorer.viz.text import byte_unit, flop_unit, format_bytes, format_flops
 
 BREAKDOWN_PARTS = ('arguments', 'outputs', 'residuals at peak', 'other temporaries')
 BREAKDOWN_COLORS = ('#9ecae1', '#c6dbef', '#d62728', '#fdae6b')
 FRONT_COLOR = '#2ca02c'
-
-
-def _literal_text(plot):
-  """Build the figure with mathtext off: labels hold names from the user's
-  program, and a ``$`` in one must print as a ``$``, not start a formula
-  that fails to render."""
-  @functools.wraps(plot)
-  def plot_with_literal_text(*args, **kwargs):
-    with matplotlib.rc_context({'text.parse_math': False}):
-      return plot(*args, **kwargs)
-  return plot_with_literal_text
 
 
 # -- memory by policy -------------------------------------------------------------
@@ -65,18 +52,18 @@ def costs_breakdown(costs: CompiledCosts) -> dict[str, int]:
           'residuals at peak': residuals, 'other temporaries': temp - residuals}
 
 
-@_literal_text
+@literal_text
 def plot_memory_breakdown(comparison: Comparison) -> Figure:
   """One stacked bar per compiled policy: arguments, outputs, residual
   buffers live at the peak and the other temporaries, as XLA compiled them."""
   rows = [r for r in comparison.rows if not r.failed]
-  fig = _figure(figsize=(8, 0.45 * len(rows) + 1.9))
+  fig = new_figure(figsize=(8, 0.45 * len(rows) + 1.9))
   ax = fig.add_subplot()
   _, scale = _stacked_breakdown_bars(ax, [memory_breakdown(r) for r in rows])
   ax.set_yticks(range(len(rows)), [short_label(r.label) for r in rows])
   ax.invert_yaxis()
-  ax.set_xlabel(f'compiled device memory ({_unit_name(format_bytes(scale))})')
-  _legend_below(fig, ax)
+  ax.set_xlabel(f'compiled device memory ({unit_name(format_bytes(scale))})')
+  legend_below(fig, ax)
   ax.set_title(f'{comparison.function}: memory by policy on {comparison.device_kind}')
   failed = [r.label for r in comparison.rows if r.failed]
   if failed:
@@ -112,7 +99,7 @@ def per_device_label(label: str, costs: CompiledCosts) -> str:
   return f'{label} · {placement_text(costs)}'
 
 
-@_literal_text
+@literal_text
 def plot_per_device_memory(costs: Comparison | Mapping[str, CompiledCosts]) -> Figure:
   """Compiled memory of one device, one stacked bar per program: arguments,
   outputs, residual buffers live at the peak and the other temporaries.
@@ -126,7 +113,7 @@ def plot_per_device_memory(costs: Comparison | Mapping[str, CompiledCosts]) -> F
   if isinstance(costs, Comparison):
     costs = {r.label: r.costs for r in costs.rows}
   shown = {k: c for k, c in costs.items() if not c.failed}
-  fig = _figure(figsize=(8, 0.45 * len(shown) + 1.9))
+  fig = new_figure(figsize=(8, 0.45 * len(shown) + 1.9))
   ax = fig.add_subplot()
   left, scale = _stacked_breakdown_bars(ax, [costs_breakdown(c) for c in shown.values()])
   for i, total in enumerate(left):
@@ -138,8 +125,8 @@ def plot_per_device_memory(costs: Comparison | Mapping[str, CompiledCosts]) -> F
   labels = [per_device_label(k, c) if len(placements) > 1 else k for k, c in shown.items()]
   ax.set_yticks(range(len(shown)), [short_label(t, 48) for t in labels])
   ax.invert_yaxis()
-  ax.set_xlabel(f'compiled memory per device ({_unit_name(format_bytes(scale))})')
-  _legend_below(fig, ax)
+  ax.set_xlabel(f'compiled memory per device ({unit_name(format_bytes(scale))})')
+  legend_below(fig, ax)
   functions = sorted({c.function for c in shown.values()})
   kinds = sorted({c.device_kind for c in shown.values()})
   where = (' · ' + placement_text(next(iter(shown.values())))
@@ -162,7 +149,7 @@ def pareto_points(comparison: Comparison) -> list[tuple[str, int, int, bool]]:
           if not r.failed and r.peak_bytes is not None and r.flops is not None]
 
 
-@_literal_text
+@literal_text
 def plot_pareto(comparison: Comparison, *, selected: str | None = None,
                 search_result=None) -> Figure:
   """Peak memory against FLOPs, one point per policy, with the Pareto front
@@ -173,7 +160,7 @@ def plot_pareto(comparison: Comparison, *, selected: str | None = None,
   outside the data.
   """
   points = pareto_points(comparison)
-  fig = _figure(figsize=(9, 5))
+  fig = new_figure(figsize=(9, 5))
   ax = fig.add_subplot()
   extra = [] if search_result is None else [(search_result.peak_bytes, search_result.flops)]
   mem_scale = byte_unit(max([p[1] for p in points] + [m for m, _ in extra], default=1))
@@ -195,12 +182,12 @@ def plot_pareto(comparison: Comparison, *, selected: str | None = None,
                label=f'searched: {short_label(search_result.label)}')
     ax.axvline(search_result.budget_bytes / mem_scale, color='#ff7f0e', linestyle=':',
                label=f'budget {format_bytes(search_result.budget_bytes)}')
-  ax.set_xlabel(f'peak device memory ({_unit_name(format_bytes(mem_scale))})')
-  ax.set_ylabel(f'FLOPs, forward + backward ({_unit_name(format_flops(flop_scale))})')
+  ax.set_xlabel(f'peak device memory ({unit_name(format_bytes(mem_scale))})')
+  ax.set_ylabel(f'FLOPs, forward + backward ({unit_name(format_flops(flop_scale))})')
   ax.set_title(f'{comparison.function}: memory against FLOPs on {comparison.device_kind}')
   ax.grid(alpha=0.3)
   ax.margins(0.15)  # room for labels around the outermost points
-  _legend_outside(ax)
+  legend_outside(ax)
   groups = _labels.group_points([(short_label(label), peak / mem_scale, flops / flop_scale)
                                  for label, peak, flops, _ in points])
   _labels.label_points(ax, groups)
@@ -226,11 +213,11 @@ def residual_bytes_by_origin(report: RematReport) -> dict[str, int]:
   return dict(sorted(groups.items(), key=lambda kv: -kv[1]))
 
 
-@_literal_text
+@literal_text
 def plot_residuals_by_origin(report: RematReport) -> Figure:
   """Horizontal bars: residual bytes by origin under one policy."""
   groups = residual_bytes_by_origin(report)
-  fig = _figure(figsize=(8, 0.35 * max(len(groups), 1) + 1.4))
+  fig = new_figure(figsize=(8, 0.35 * max(len(groups), 1) + 1.4))
   ax = fig.add_subplot()
   scale = byte_unit(max(groups.values(), default=1))
   ax.barh(range(len(groups)), [b / scale for b in groups.values()], color='#d62728')
@@ -239,7 +226,7 @@ def plot_residuals_by_origin(report: RematReport) -> Figure:
   for i, b in enumerate(groups.values()):
     ax.annotate(format_bytes(b), (b / scale, i), xytext=(3, 0), textcoords='offset points',
                 va='center', fontsize=8)
-  ax.set_xlabel(f'residual bytes ({_unit_name(format_bytes(scale))})')
+  ax.set_xlabel(f'residual bytes ({unit_name(format_bytes(scale))})')
   total = format_bytes(sum(groups.values()))
   ax.set_title(f'{report.function} · {report.policy}: {total} of residuals')
   if not groups:
@@ -247,124 +234,7 @@ def plot_residuals_by_origin(report: RematReport) -> Figure:
   return fig
 
 
-# -- memory along the schedule ---------------------------------------------------------
-
-OVERLAY_AT_MOST = 2
-"""Timelines drawn over each other up to this many; more get a panel each."""
-
-
-@_literal_text
-def plot_memory_timeline(costs_by_label: Mapping[str, CompiledCosts], *,
-                         reference: str | None = None) -> Figure:
-  """Live device bytes along each compiled program's schedule.
-
-  Schedules differ in length, so the x axis is the position in the schedule
-  (0 = first instruction, 1 = last). The shaded band under each line is the
-  part held by residual buffers; a dot marks each peak. Up to
-  `OVERLAY_AT_MOST` programs share one axes; more get one panel each
-  (shared axes), with the `reference` label's line (e.g. ``'no remat'``)
-  repeated in grey in every panel for comparison.
-  """
-  shown = {k: c for k, c in costs_by_label.items()
-           if not c.failed and c.timeline is not None and c.timeline.steps}
-  scale = byte_unit(max((c.timeline.peak_bytes for c in shown.values()), default=1))
-  kinds = sorted({c.device_kind for c in shown.values()})
-  functions = sorted({c.function for c in shown.values()})
-  title = (f'{", ".join(functions)}: memory along the schedule on {", ".join(kinds)}'
-           ' (shaded: residual buffers)')
-  if len(shown) <= OVERLAY_AT_MOST:
-    fig = _figure(figsize=(9, 4.5))
-    ax = fig.add_subplot()
-    for (label, costs), color in zip(shown.items(), _cycle_colors(len(shown))):
-      _draw_timeline(ax, costs, scale, color,
-                     f'{short_label(label)} (peak {format_bytes(costs.timeline.peak_bytes)})')
-    _timeline_axes(ax, scale)
-    if shown:
-      _legend_outside(ax)
-    else:
-      ax.text(0.5, 0.5, 'no compiled timeline', transform=ax.transAxes, ha='center')
-    ax.set_title(title.replace(' (shaded', '\n(shaded'))
-    return fig
-  ref = shown.get(reference)
-  panels = {k: c for k, c in shown.items() if k != reference}
-  cols = 2 if len(panels) <= 4 else 3
-  rows = -(-len(panels) // cols)
-  fig = _figure(figsize=(4.2 * cols, 2.4 * rows + 0.8))
-  axes = fig.subplots(rows, cols, sharex=True, sharey=True, squeeze=False).ravel()
-  for ax, (label, costs) in zip(axes, panels.items()):
-    if ref is not None:
-      x = np.linspace(0, 1, len(ref.timeline.steps))
-      ax.step(x, np.array(ref.timeline.height) / scale, where='post', color='#999999',
-              linewidth=1, label=f'{short_label(reference)} (peak '
-              f'{format_bytes(ref.timeline.peak_bytes)})')
-    _draw_timeline(ax, costs, scale, '#1f77b4', None)
-    ax.set_title(f'{short_label(label)}: peak {format_bytes(costs.timeline.peak_bytes)}',
-                 fontsize='medium')
-    _timeline_axes(ax, scale, labels=False)
-  for ax in axes[len(panels):]:
-    ax.set_visible(False)
-  fig.supxlabel('position in the compiled schedule')
-  fig.supylabel(f'live device memory ({_unit_name(format_bytes(scale))})')
-  fig.suptitle(title + (f'; grey: {short_label(reference)}' if ref is not None else ''))
-  return fig
-
-
-def _draw_timeline(ax, costs: CompiledCosts, scale: float, color: str,
-                   label: str | None) -> None:
-  t = costs.timeline
-  x = np.linspace(0, 1, len(t.steps))
-  ax.step(x, np.array(t.height) / scale, where="post", color=color, label=label)
-  ax.fill_between(x, np.array(t.residual_bytes_by_step()) / scale, step='post', color=color,
-                  alpha=0.18)
-  ax.scatter([x[t.peak_step]], [t.peak_bytes / scale], color=color, zorder=3, s=25)
-
-
-def _timeline_axes(ax, scale: float, labels: bool = True) -> None:
-  if labels:
-    ax.set_xlabel('position in the compiled schedule')
-    ax.set_ylabel(f'live device memory ({_unit_name(format_bytes(scale))})')
-  ax.grid(alpha=0.3)
-  ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f'{v:.0%}'))
-
-
-# -- helpers ----------------------------------------------------------------------------
-
-def _figure(figsize) -> Figure:
-  """A figure with constrained layout and its own Agg canvas, so that text
-  can be measured (label placement) without pyplot."""
-  fig = Figure(figsize=figsize, layout='constrained')
-  FigureCanvasAgg(fig)
-  return fig
-
-
-def _legend_outside(ax) -> None:
-  """The legend right of the axes, clear of the data; constrained layout
-  makes room for it."""
-  if ax.get_legend_handles_labels()[0]:
-    ax.legend(loc='upper left', bbox_to_anchor=(1.02, 1.0), borderaxespad=0,
-              fontsize='small')
-
-
-def _legend_below(fig: Figure, ax) -> None:
-  """The legend in one row under the axes, outside the data."""
-  handles, labels = ax.get_legend_handles_labels()
-  if handles:
-    fig.legend(handles, labels, loc='outside lower center', ncols=len(handles),
-               fontsize='small', frameon=False)
-
-
-def short_label(label: str, limit: int = 36) -> str:
-  """`label` cut to `limit` characters: policy labels that list many names
-  would otherwise squeeze the axes away (the tables keep them whole)."""
-  return label if len(label) <= limit else label[:limit - 1] + '…'
-
-
-def _unit_name(formatted_one_unit: str) -> str:
-  """'1.0 MiB' -> 'MiB': the unit a scale formats to."""
-  return formatted_one_unit.split()[-1]
-
-
-def _cycle_colors(n: int) -> list[str]:
-  palette = ['#1f77b4', '#ff7f0e', '#2ca02c', '#9467bd', '#8c564b', '#e377c2',
-             '#17becf', '#bcbd22', '#7f7f7f', '#d62728']
-  return [palette[i % len(palette)] for i in range(n)]
+# The timeline chart has its own module; it is imported here, where it
+# always was.
+from remat_explorer.viz.timeline_chart import (OVERLAY_AT_MOST,  # noqa: E402,F401
+                                               plot_memory_timeline)

@@ -11,19 +11,20 @@ previous views stay.
 
 from __future__ import annotations
 
-import traceback
-
 from remat_explorer.analysis import (DEFAULT_LOWERING, LOWERINGS, NO_REMAT, analyze,
-                                     builtin_policies, compare, compile_costs,
-                                     search_policy)
+                                     builtin_policies, compare, compile_costs)
+from remat_explorer.analysis.compare import AS_WRITTEN, AS_WRITTEN_NO_REMAT
 from remat_explorer.analysis.context import TraceSettings
 import jax
 from remat_explorer.viz import _panels
-from remat_explorer.viz._panels import OUTDATED, STALE, caption_html, warnings_html
+from remat_explorer.viz._panels import (OUTDATED, STALE, caption_html, error_text,
+                                        warnings_html)
+from remat_explorer.viz._search import BudgetSearch
 from remat_explorer.viz._work import Work
 from remat_explorer.viz.charts import (plot_memory_breakdown, plot_pareto,
                                        plot_residuals_by_origin)
 from remat_explorer.viz.embed import chart_img, render_diagram
+from remat_explorer.viz.html_widget import HtmlView
 from remat_explorer.viz.split_graph import split_graph
 from remat_explorer.viz.tables import (RESIDUAL_SORT_KEYS, comparison_table_html,
                                        other_warnings, report_jaxprs_html, residual_table_html)
@@ -69,9 +70,12 @@ class StaticView:
 
 
 class Explorer:
-  """Controls: policy, names, lowering, block, memory budget. Tabs: the split
-  diagram (pan, zoom; a click on a collapsed call opens it), residual table,
-  compiled costs, policy comparison, jaxprs."""
+  """Controls: policy (the program as written first, and selected), names,
+  lowering, block, memory budget (with the bytes it stands for) and the
+  policy search. Tabs: the split diagram (pan, zoom; a click on a collapsed
+  call opens it), residual table, compiled costs (with the memory timeline
+  and what is live at its peak), policy comparison, jaxprs. A program that
+  cannot be analyzed as written still opens, with the error shown."""
 
   def __init__(self, f, *args, argnums=0, **kwargs):
     import ipywidgets as w
@@ -83,9 +87,12 @@ class Explorer:
     self._settings = TraceSettings.current()
     self._work = Work(on_tasks=self._show_tasks, on_error=self._show_error,
                       context=self._settings.entered)
-    first = analyze(f, *args, argnums=argnums, **kwargs)
-    self.names = first.names_in_program
-    self.policies = dict(builtin_policies())
+    first = self._first_analysis()
+    self.names = first.names_in_program if first else ()
+    # The program as written comes first, and opens: the policies the
+    # user wrote, before any other.
+    written = AS_WRITTEN if first is None or first.blocks else AS_WRITTEN_NO_REMAT
+    self.policies = {written: None, 'no remat': NO_REMAT, **builtin_policies()}
     self.comparison = None
     self.search_result = None
     self._compared_lowering = None
@@ -95,19 +102,18 @@ class Explorer:
     self._static_html = ''
 
     options = list(self.policies) + ([_NAMED] if self.names else [])
-    self.policy = w.Dropdown(options=options, value='nothing_saveable',
-                             description='policy')
+    self.policy = w.Dropdown(options=options, value=written, description='policy')
     self.names_select = w.SelectMultiple(options=self.names, value=self.names[:1],
                                          description='names', rows=min(6, len(self.names) or 1),
                                          layout=w.Layout(display='none'))
     self.lowering = w.Dropdown(options=list(LOWERINGS), value=DEFAULT_LOWERING,
                                description='lowering')
-    blocks = [_ALL_BLOCKS] + [b.name for b in first.blocks]
+    blocks = [_ALL_BLOCKS] + [b.name for b in (first.blocks if first else ())]
     self.block = w.Dropdown(options=blocks, value=_ALL_BLOCKS, description='block',
                             layout=w.Layout(display='' if len(blocks) > 2 else 'none'))
-    self.budget = w.FloatSlider(value=0.5, min=0.0, max=1.0, step=0.05,
-                                description='budget', readout_format='.0%')
-    self.search_button = w.Button(description='search policy', layout=w.Layout(**_AUTO))
+    self._budget = BudgetSearch(self)
+    self.budget, self.budget_note = self._budget.slider, self._budget.note
+    self.search_button, self.search_note = self._budget.button, self._budget.found
     self.compare_button = w.Button(description='compare all policies',
                                    layout=w.Layout(**_AUTO))
     self.progress = w.HTML()
@@ -119,14 +125,17 @@ class Explorer:
     self.residual_view = w.HTML()
     self.sort_by = w.Dropdown(options=list(RESIDUAL_SORT_KEYS), value='bytes',
                               description='sort by')
-    self.costs_view = w.HTML()
+    self.costs_view = HtmlView()
+    # Marked while a compile runs: in a box, whose classes reach the page
+    # (an anywidget's own do not follow changes after it is shown).
+    self.costs_tab = w.VBox([self.costs_view])
     self.compare_view = w.HTML('<p>Press “compare all policies” to compile the '
                                'gradient under every policy.</p>')
     self.pareto_pick = w.ToggleButtons(options=[], description='select',
                                        style={'button_width': 'auto'})
     self.program_view = w.HTML()
     self.tabs = w.Tab(children=[
-        self.split_view, w.VBox([self.sort_by, self.residual_view]), self.costs_view,
+        self.split_view, w.VBox([self.sort_by, self.residual_view]), self.costs_tab,
         w.VBox([self.compare_button, self.compare_view, self.pareto_pick]),
         self.program_view])
     for i, title in enumerate(TABS):
@@ -137,19 +146,34 @@ class Explorer:
     self.block.observe(self._block_changed, names='value')
     self.sort_by.observe(lambda _: self._render_residuals(self.current_report()),
                          names='value')
-    self.search_button.on_click(lambda _: self._search())
+    self.lowering.observe(lambda _: self._budget.learn_range(), names='value')
     self.compare_button.on_click(lambda _: self._compare())
     self.pareto_pick.observe(self._pick_from_pareto, names='value')
     self.diagram.observe(self._node_clicked, names='click_count')
     self.widget = w.VBox([
         w.HTML(_panels.CSS),
         w.HBox([self.policy, self.names_select, self.lowering, self.block]),
-        w.HBox([self.budget, self.search_button, self.progress]),
-        self.error, self.tabs])
+        w.HBox([self.budget, self.budget_note, self.search_button, self.progress]),
+        self.search_note, self.error, self.tabs])
     # Class names for styling and for tests that look at the page.
     self.widget.add_class('remat-explorer')
     self.policy.add_class('remat-policy')
     self.refresh()
+    self._budget.learn_range()
+
+  def _first_analysis(self):
+    """The program's report as written, for its names and blocks; if that
+    fails (a policy of the user's that raises, ...), under nothing_saveable
+    (which replaces the program's policies); None if that fails too. The
+    error itself shows when the views are drawn."""
+    for policy in (None, jax.checkpoint_policies.nothing_saveable):
+      try:
+        with self._settings.entered():
+          return analyze(self.f, *self.args, policy=policy, argnums=self.argnums,
+                         **self.kwargs)
+      except Exception:  # refresh() analyzes again and shows the error
+        continue
+    return None
 
   # -- what the controls say ---------------------------------------------------
 
@@ -178,14 +202,16 @@ class Explorer:
       report = self.current_report()
       self._render_analysis(report)
     except Exception as e:  # shown in the widget; the previous views stay
-      self._show_error(e)
+      self._show_error(e, f'Could not analyze the program under {self.policy.value} '
+                          f'(lowering {self.lowering.value}); choose another policy or '
+                          'lowering, or fix the program and explore it again')
       return
     self.error.value = ''
     self._mark_comparison()
     # The compile takes the controls as they are now; its result is dropped
     # if they have changed again by the time it ends.
     label, policy, lowering = self.policy.value, self.current_policy(), self.lowering.value
-    self.costs_view.add_class(STALE)
+    self.costs_tab.add_class(STALE)
     self._work.start(f'compiling under {label} · lowering {lowering}',
                      lambda _: self._costs_html(label, policy, lowering, report),
                      lambda html: self._show_costs(generation, html),
@@ -224,20 +250,24 @@ class Explorer:
     if generation != self._generation:
       return  # a newer compile is under way; the view stays marked
     self.costs_view.value = html
-    self.costs_view.remove_class(STALE)
+    self.costs_tab.remove_class(STALE)
 
   def _costs_failed(self, generation, e) -> None:
     self._show_error(e)
     if generation == self._generation:
-      self.costs_view.remove_class(STALE)  # nothing is coming
+      self.costs_tab.remove_class(STALE)  # nothing is coming
 
   def _compare(self) -> None:
     lowering, selected, searched = self.lowering.value, self.policy.value, self.search_result
+    policies = dict(builtin_policies(self.names))
+    if searched is not None and searched.fits:  # the searched policy is a row too
+      policies.setdefault(self._policy_label(searched.label, searched.policy),
+                          searched.policy)
     self.compare_view.add_class(STALE)
 
     def run(progress):
-      comparison = compare(self.f, *self.args, lowering=lowering, argnums=self.argnums,
-                           progress=progress, **self.kwargs)
+      comparison = compare(self.f, *self.args, policies=policies, lowering=lowering,
+                           argnums=self.argnums, progress=progress, **self.kwargs)
       return comparison, _comparison_html(comparison, selected, searched)
 
     def show(result):
@@ -269,28 +299,32 @@ class Explorer:
     outdated = self.comparison is not None and self._compared_lowering != self.lowering.value
     (self.compare_view.add_class if outdated else self.compare_view.remove_class)(OUTDATED)
 
-  def _search(self) -> None:
-    budget, lowering = self.budget.value, self.lowering.value
-
-    def run(progress):
-      # The search counts its built-in policies, then prices and verifies
-      # choices as long as it needs: no total there.
-      return search_policy(
-          self.f, *self.args, memory_budget=budget, argnums=self.argnums, lowering=lowering,
-          progress=progress, **self.kwargs)
-    self._work.start(f'searching for a policy within {budget:.0%} of the range', run,
-                     self._searched)
+  # -- the search -------------------------------------------------------------------
 
   def _searched(self, result) -> None:
+    """Show what the search found; if it fits, select its policy (once in
+    the options: a built-in, or one found before, is selected, not added)
+    and add it to the comparison."""
     self.search_result = result
-    label = result.label
-    self.policies[label] = result.policy
+    self.search_note.value = _panels.search_html(result)
+    if not result.fits:
+      return
+    self.policy.value = self._add_policy(result.label, result.policy)
+    if self.comparison is not None:
+      self._compare()
+
+  def _policy_label(self, label, policy) -> str:
+    """The option that already holds `policy`, else `label`."""
+    return next((k for k, p in self.policies.items() if p is not None and p == policy), label)
+
+  def _add_policy(self, label, policy) -> str:
+    """`policy` among the options, once; returns its option."""
+    label = self._policy_label(label, policy)
     if label not in self.policy.options:  # before the names picker, if any
+      self.policies[label] = policy
       options = [o for o in self.policy.options if o != _NAMED] + [label]
       self.policy.options = options + ([_NAMED] if _NAMED in self.policy.options else [])
-    self.policy.value = label
-    if self.comparison is not None:
-      self._redraw_comparison()
+    return label
 
   def _set_pareto_options(self, labels) -> None:
     # Setting the options selects one: that is no pick of the user's.
@@ -306,8 +340,7 @@ class Explorer:
     if self._picking or not label:
       return
     if label not in self.policy.options and self.comparison is not None:
-      self.policies[label] = self.comparison.row(label).policy
-      self.policy.options = [*self.policy.options, label]
+      label = self._add_policy(label, self.comparison.row(label).policy)
     self.policy.value = label
 
   def _block_changed(self, _) -> None:
@@ -344,9 +377,9 @@ class Explorer:
   def _show_tasks(self, tasks) -> None:
     self.progress.value = _panels.progress_html(tasks)
 
-  def _show_error(self, e: Exception) -> None:
-    message = ''.join(traceback.format_exception_only(type(e), e)).strip()
-    self.error.value = _panels.error_html(message)
+  def _show_error(self, e: Exception, context: str = '') -> None:
+    message = error_text(e)
+    self.error.value = _panels.error_html(f'{context}: {message}' if context else message)
 
   def _repr_mimebundle_(self, **kwargs):
     # Front ends that run widgets show the widget; the others (an untrusted

@@ -103,14 +103,9 @@ def comparison_table_html(comparison: Comparison) -> str:
     headings[2:6] = ['residual bytes / device', 'compiled temp / device',
                      'compiled peak / device', 'collectives (recompute)', 'FLOPs (jaxpr)',
                      'FLOPs (XLA) / device']
-  rows, classes, notes = [], [], row_warnings(comparison)
+  rows, classes = [], []
   for r in comparison.rows:
-    if r.failed:
-      note = f'compile failed: {r.costs.error}'
-    else:
-      note = r.recompute_eliminated or ''
-    # The row's warning repeats its flag: the warning alone says both.
-    note = notes.get(r.label) or note
+    note = row_note(r)
     cells = [r.label, format_bytes(r.residual_bytes), format_bytes(r.temp_bytes),
              format_bytes(r.peak_bytes), format_flops(r.flops), format_flops(r.xla_flops),
              format_flops(r.recompute_flops), format_seconds(r.compile_seconds),
@@ -144,22 +139,105 @@ def comparison_lowering(comparison: Comparison) -> str | None:
   return lowerings.pop() if len(lowerings) == 1 else None
 
 
+def row_note(row) -> str:
+  """The notes cell of a comparison row: why it failed, else its warnings
+  (repeats folded, ``text.unique_lines``), else XLA's merge of its recompute
+  (which a warning repeats when there is one)."""
+  if row.failed:
+    return f'compile failed: {row.costs.error}'
+  return ' '.join(unique_lines(row.warnings)) or row.recompute_eliminated or ''
+
+
 def row_warnings(comparison: Comparison) -> dict[str, str]:
-  """The comparison's warnings that concern one row (they begin with its
-  label), by label, repeats folded (``text.unique_lines``)."""
-  out: dict[str, str] = {}
-  for warning in unique_lines(comparison.warnings):
-    for r in comparison.rows:
-      if warning.startswith(f'{r.label}: '):
-        out[r.label] = warning[len(r.label) + 2:]
-        break
-  return out
+  """The notes of the rows that have warnings, by label."""
+  return {r.label: ' '.join(unique_lines(r.warnings)) for r in comparison.rows
+          if r.warnings}
 
 
 def other_warnings(comparison: Comparison) -> list[str]:
-  """The comparison's warnings that concern no single row."""
-  labels = tuple(f'{r.label}: ' for r in comparison.rows)
-  return [w for w in unique_lines(comparison.warnings) if not w.startswith(labels)]
+  """The comparison's warnings that no row carries (none from ``compare``;
+  kept for comparisons made otherwise)."""
+  carried = {f'{r.label}: {w}' for r in comparison.rows for w in r.warnings}
+  return [w for w in unique_lines(comparison.warnings) if w not in carried]
+
+
+# -- what is live at a step --------------------------------------------------------------
+
+PEAK_TOP = 10
+"""Rows of the peak table: the largest buffers, ..."""
+PEAK_RESIDUALS = 5
+"""... and the largest residuals, whatever their rank."""
+
+
+def shown_buffers(rows, top: int = PEAK_TOP, residuals: int = PEAK_RESIDUALS) -> list:
+  """The rows a table of live buffers lists: the `top` largest and the
+  `residuals` largest residuals (the buffers a policy decides), largest
+  first; `rows` are ``live_at_peak``'s, largest first."""
+  keep = set(range(min(top, len(rows))))
+  keep.update([i for i, r in enumerate(rows) if r.kind == 'residual'][:residuals])
+  return [rows[i] for i in sorted(keep)]
+
+
+PEAK_HEADINGS = ('bytes', 'kind', 'name', 'module path', 'source line', 'made by',
+                 'FLOPs to drop', 'buffer')
+"""The columns of a table of live buffers; `peak_cells` fills them."""
+PEAK_WRAPPED = ('source line', 'buffer')
+"""Columns whose text may break anywhere (long paths without spaces); the
+others (figures, kinds, names, module paths) stay on one line."""
+
+
+def peak_cells(r) -> list[str]:
+  """A live buffer (``PeakBuffer``) as the text of `PEAK_HEADINGS`' columns."""
+  return [f'{r.bytes:,} ({format_bytes(r.bytes)})', r.kind, r.name or '', r.module_path,
+          r.source, r.made_by, format_flops(r.recompute_flops_to_drop), r.buffer]
+
+
+def live_summary(rows) -> str:
+  """'58 buffers, 736 KiB; residuals 145 KiB'."""
+  held = sum(r.bytes for r in rows if r.kind == 'residual')
+  return (f'{len(rows)} buffers, {format_bytes(sum(r.bytes for r in rows))}; residuals '
+          f'{format_bytes(held)}')
+
+
+def peak_table_html(rows, *, caption: str = '', top: int = PEAK_TOP,
+                    residuals: int = PEAK_RESIDUALS) -> str:
+  """The buffers live at one step (``live_at_peak``), as an HTML table:
+  bytes, kind, ``checkpoint_name``, module path, user source line, the
+  pass that made it, the FLOPs dropping it would cost (a residual's
+  producer), XLA's buffer. The largest rows are listed
+  (``shown_buffers``); the rest are summed up by kind in a last row."""
+  shown = shown_buffers(rows, top, residuals)
+  headings, cells = drop_empty_columns(list(PEAK_HEADINGS), [peak_cells(r) for r in shown],
+                                       keep=('bytes', 'kind', 'buffer'))
+  head = ''.join(f'<th>{h}</th>' for h in headings)
+  wrapped = ['remat-wrap' if h in PEAK_WRAPPED else '' for h in headings]
+  body = ''.join(
+      f'<tr class="remat-live-{html_text(r.kind)}">'
+      + ''.join(f'<td class="{w}">{html_text(c)}</td>' if w else f'<td>{html_text(c)}</td>'
+                for w, c in zip(wrapped, row)) + '</tr>'
+      for r, row in zip(shown, cells))
+  rest = rest_text(rows, shown)
+  if rest:
+    body += f'<tr class="remat-live-rest"><td colspan="{len(headings)}">{html_text(rest)}</td></tr>'
+  summary = live_summary(rows)
+  caption = f'{html_text(caption)}: {summary}' if caption else summary
+  return (f'<table class="remat-peak-table"><caption>{caption}</caption>'
+          f'<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>')
+
+
+def rest_text(rows, shown) -> str:
+  """'… 41 more buffers, 1.2 MiB: parameter 800 KiB, output 400 KiB'."""
+  listed = {id(r) for r in shown}
+  rest = [r for r in rows if id(r) not in listed]
+  if not rest:
+    return ''
+  kinds: dict[str, int] = {}
+  for r in rest:
+    kinds[r.kind] = kinds.get(r.kind, 0) + r.bytes
+  parts = ', '.join(f'{k} {format_bytes(b)}' for k, b in
+                    sorted(kinds.items(), key=lambda kv: -kv[1]))
+  return (f'… {len(rest)} more buffer{"s" * (len(rest) != 1)}, '
+          f'{format_bytes(sum(r.bytes for r in rest))}: {parts}')
 
 
 # -- jaxprs -------------------------------------------------------------------------------

@@ -1,0 +1,19 @@
+"""HTML whose memory timelines respond to the pointer, as a widget.
+
+An ipywidgets ``HTML`` runs no script, so the Explorer's Costs view is this
+anywidget instead: Python sets ``value`` (HTML, as for ``widgets.HTML``) and
+the front end shows it and mounts each timeline in it (``timeline.js``).
+"""
+
+from __future__ import annotations
+
+import anywidget
+import traitlets
+
+from remat_explorer.viz.timeline_html import timeline_css, timeline_script
+
+
+class HtmlView(anywidget.AnyWidget):
+  _esm = timeline_script() + '\nexport default { render: renderHtmlWidget };\n'
+  _css = timeline_css()
+  value = traitlets.Unicode('').tag(sync=True)
