@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import urllib.parse
 import secrets
 import shutil
 import socket
@@ -154,9 +155,22 @@ _KERNEL = ('window.jupyterapp.shell.currentWidget.sessionContext.session'
 
 
 def _open(page, url):
+  """Open a notebook and wait until it is the page's current one, shown.
+  (JupyterLab may also restore, in hidden tabs, notebooks that earlier
+  tests opened: tests read the current notebook's panel, `_panel`.)"""
   page.goto(url)
-  page.wait_for_function('window.jupyterapp && window.jupyterapp.shell', timeout=90_000)
-  page.wait_for_selector('.jp-Notebook', timeout=90_000)
+  name = urllib.parse.urlparse(url).path.rsplit('/', 1)[-1]
+  page.wait_for_function(
+      """([name]) => { const app = window.jupyterapp;
+        const w = app && app.shell && app.shell.currentWidget;
+        return Boolean(w && w.context && w.context.path.endsWith(name) && w.isVisible
+                       && w.node.querySelector('.jp-Notebook')); }""",
+      arg=[name], timeout=90_000)
+
+
+def _panel(page) -> str:
+  """A CSS selector for the current notebook's panel."""
+  return '#' + page.evaluate('() => window.jupyterapp.shell.currentWidget.id')
 
 
 def _run_all_cells(page, url):
@@ -245,7 +259,7 @@ def _scale(transform: str) -> float:
 def _check_explorer(page):
   """The Explorer of notebook 01 rendered, with its diagram, and its residual
   table and compiled costs following the policy control. Returns it."""
-  explorer = page.locator('.remat-explorer').first
+  explorer = page.locator(f'{_panel(page)} .remat-explorer').first
   explorer.wait_for(timeout=240_000)
   for tab in ('Split diagram', 'Residuals', 'Costs', 'Compare', 'Program'):
     assert explorer.get_by_text(tab, exact=True).count() >= 1, tab
@@ -264,20 +278,33 @@ def _check_explorer(page):
   table.wait_for(timeout=60_000)
   before = table.inner_text()
   page.wait_for_function(  # the first compile is done
-      "() => !document.querySelector('.remat-explorer .remat-task')", timeout=240_000)
+      "(e) => !e.querySelector('.remat-task')", arg=explorer.element_handle(), timeout=240_000)
+  # The marks last as long as the compile, which may be short: an observer
+  # notes that they appeared.
+  explorer.evaluate("""(e) => {
+    const observer = new MutationObserver(() => {
+      // (Setting the flags is itself a mutation: each is set once.)
+      if (!e.dataset.sawStale && e.querySelector('.remat-stale .remat-costs'))
+        e.dataset.sawStale = '1';
+      if (!e.dataset.sawBar && e.querySelector('.remat-task progress:not([value])'))
+        e.dataset.sawBar = '1';
+      if (e.dataset.sawStale && e.dataset.sawBar) observer.disconnect();
+    });
+    observer.observe(e, {subtree: true, childList: true, attributes: true});
+  }""")
   explorer.locator('.remat-policy select').select_option('everything_saveable')
-  explorer.locator('.remat-stale .remat-costs').first.wait_for(state='attached',
-                                                               timeout=60_000)
-  explorer.locator('.remat-task progress:not([value])').wait_for(timeout=60_000)
+  page.wait_for_function("(e) => e.dataset.sawStale && e.dataset.sawBar",
+                         arg=explorer.element_handle(), timeout=60_000)
   page.wait_for_function(
-      "([old]) => { const t = document.querySelector('.remat-explorer .remat-residuals');"
-      " return t && t.innerText !== old; }", arg=[before], timeout=60_000)
+      "([e, old]) => { const t = e.querySelector('.remat-residuals');"
+      " return t && t.innerText !== old; }", arg=[explorer.element_handle(), before],
+      timeout=60_000)
   assert 'everything_saveable' in table.inner_text()
   explorer.get_by_role('tab', name='Costs').click()
   page.wait_for_function(
-      "() => { const e = document.querySelector('.remat-explorer .remat-costs');"
+      "(x) => { const e = x.querySelector('.remat-costs');"
       " return e && e.innerText.includes('compiled under everything_saveable')"
-      " && !e.closest('.remat-stale'); }", timeout=180_000)
+      " && !e.closest('.remat-stale'); }", arg=explorer.element_handle(), timeout=180_000)
 
   content = page.content()
   for message in BROKEN_WIDGET:
@@ -293,15 +320,15 @@ def _check_nothing_cut_and_no_escapes(page, explorer):
   # A comparison counts its compiles: a determinate bar.
   explorer.locator('.remat-task progress[max]').wait_for(timeout=120_000)
   page.wait_for_function(
-      "() => document.querySelectorAll('.remat-explorer .widget-toggle-button').length > 3"
-      " && !document.querySelector('.remat-explorer .remat-task')", timeout=300_000)
-  cut = page.evaluate("""() => Array.from(document.querySelectorAll('.remat-explorer button'))
+      "(e) => e.querySelectorAll('.widget-toggle-button').length > 3"
+      " && !e.querySelector('.remat-task')", arg=explorer.element_handle(), timeout=300_000)
+  cut = explorer.evaluate("""(e) => Array.from(e.querySelectorAll('button'))
       .filter(b => b.offsetParent !== null && b.scrollWidth > b.clientWidth)
       .map(b => b.innerText)""")
   assert cut == [], f'buttons whose text is cut: {cut}'
   explorer.get_by_role('tab', name='Program').click()
   explorer.locator('.remat-jaxpr').first.wait_for(timeout=30_000)
-  text = page.evaluate("() => document.querySelector('.remat-explorer').textContent")
+  text = explorer.evaluate('(e) => e.textContent')
   assert '\x1b[' not in text and '[35m' not in text and '\ufffd' not in text
 
 
@@ -391,24 +418,26 @@ def test_a_saved_notebook_opened_untrusted_shows_its_diagrams_as_images(lab, bro
   _executed_notebook(notebooks / UNTRUSTED_NOTEBOOK)
   page = browser.new_page(viewport={'width': 1440, 'height': 900})
   _open(page, f'{base}/lab/tree/{UNTRUSTED_NOTEBOOK}?token={token}')
-  outputs = page.locator('.jp-OutputArea-output')
+  panel = _panel(page)
+  outputs = page.locator(f'{panel} .jp-OutputArea-output')
   page.wait_for_function(
-      "() => document.querySelectorAll('.jp-OutputArea-output img.diagram').length >= 2"
-      " && Array.from(document.querySelectorAll('.jp-OutputArea-output img.diagram'))"
-      "      .every(i => i.complete && i.naturalWidth > 0)", timeout=60_000)
+      "([panel]) => document.querySelectorAll(panel + ' .jp-OutputArea-output img.diagram')"
+      ".length >= 2 && Array.from(document.querySelectorAll("
+      "  panel + ' .jp-OutputArea-output img.diagram'))"
+      "  .every(i => i.complete && i.naturalWidth > 0)", arg=[panel], timeout=60_000)
   trusted = page.evaluate("""() => {
     const cells = window.jupyterapp.shell.currentWidget.content.model.cells;
     return Array.from({length: cells.length}, (_, i) => cells.get(i).trusted);
   }""")
   assert trusted == [False, False]
-  images = page.evaluate("""() => Array.from(
-      document.querySelectorAll('.jp-OutputArea-output img.diagram'))
-      .map(i => [i.naturalWidth, i.getBoundingClientRect().width])""")
+  images = page.evaluate("""([panel]) => Array.from(
+      document.querySelectorAll(panel + ' .jp-OutputArea-output img.diagram'))
+      .map(i => [i.naturalWidth, i.getBoundingClientRect().width])""", [panel])
   for natural, shown in images:
     assert natural > 300 and shown == pytest.approx(natural, abs=1), images  # not shrunk
   text = outputs.all_inner_texts()
   assert not any('cluster_forward' in t or '->' in t for t in text), text
-  assert page.locator('.remat-residual-table').count() >= 1
+  assert page.locator(f'{panel} .remat-residual-table').count() >= 1
   page.close()
 
 
@@ -468,7 +497,7 @@ def test_explorer_costs_list_what_is_live_at_the_peak(lab, browser):
   page = browser.new_page(viewport={'width': 1440, 'height': 900})
   _run_all_cells(page, f'{base}/lab/tree/{PEAK_NOTEBOOK}?token={token}')
   # This notebook's Explorer: the server may have reopened others, hidden.
-  explorer = page.locator('.remat-explorer:visible').first
+  explorer = page.locator(f'{_panel(page)} .remat-explorer').first
   explorer.wait_for(timeout=240_000)
   explorer.get_by_role('tab', name='Costs').click()
   timeline = explorer.locator('.remat-timeline').first
@@ -493,12 +522,12 @@ def test_explorer_costs_list_what_is_live_at_the_peak(lab, browser):
   _check_timeline_hover(page, timeline, live_at)
 
   # Nothing cut: the tables fit their box, no button is clipped, no escapes.
-  overflow = page.evaluate("""() => Array.from(
-      document.querySelectorAll('.remat-explorer .remat-live, .remat-explorer button'))
+  overflow = explorer.evaluate("""(e) => Array.from(
+      e.querySelectorAll('.remat-live, button'))
       .filter(e => e.offsetParent !== null && e.scrollWidth > e.clientWidth + 1)
       .map(e => e.className || e.innerText)""")
   assert overflow == [], overflow
-  text = page.evaluate("() => document.querySelector('.remat-explorer').textContent")
+  text = explorer.evaluate('(e) => e.textContent')
   assert '\x1b[' not in text and '[35m' not in text
   page.close()
 

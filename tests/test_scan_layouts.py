@@ -124,3 +124,48 @@ def test_the_tables_set_theory_beside_measurement(comparison):
   levels = nesting_levels_html(sqrt)
   assert levels.count('<tr>') == 1 + len(sqrt.levels()) == 3
   assert nesting_levels_html(comparison.row('lax.scan').report) == ''
+
+
+def test_the_report_shows_layouts_in_theory_and_measured(comparison):
+  from remat_explorer.viz.html_report import report_html
+  sqrt = comparison.row('sqrt')
+  html = report_html(comparison, sqrt.report)
+  assert 'class="remat-layouts"' in html and 'class="remat-levels"' in html
+  for row in comparison.rows:
+    assert f'<td>{row.label}</td>' in html
+
+
+def test_the_explorer_switches_between_layouts_and_compares_them():
+  layouts = {label: _rnn(schedule, **options)[0]
+             for label, (schedule, options) in LAYOUTS.items()
+             if label in ('lax.scan', 'every', 'sqrt')}
+  args = _rnn(None)[1]
+  e = rx.explore(layouts, *args)
+  assert list(e.layout.options) == ['lax.scan', 'every', 'sqrt']
+  assert e.layout.layout.display == ''
+  assert e.f is layouts['lax.scan'] and e.policy.value == 'as written (no remat)'
+  plain_residuals = e.current_report().residual_bytes
+  e.layout.value = 'sqrt'
+  e.wait(300)
+  report = e.current_report()
+  assert report.residual_bytes == analyze(layouts['sqrt'], *args).residual_bytes
+  assert report.residual_bytes != plain_residuals
+  assert 'checkpointed_scan_block' in e.block.options  # the layout's own blocks
+  assert 'sqrt' in e.costs_view.value and e.error.value == ''
+
+  e.compare_button.click()
+  e.wait(600)
+  assert [r.label for r in e.comparison.rows] == list(layouts)
+  assert 'class="remat-layouts"' in e.compare_view.value
+  assert e.pareto_pick.value == 'sqrt'
+  e.pareto_pick.value = 'every'  # a pick on the chart's rows shows that layout
+  e.wait(300)
+  assert e.layout.value == 'every' and e.f is layouts['every']
+
+
+def test_explore_names_a_bad_mapping():
+  loss, args = _rnn('every')
+  with pytest.raises(ValueError, match='empty mapping'):
+    rx.explore({}, *args)
+  with pytest.raises(TypeError, match="maps 'every' to int"):
+    rx.explore({'every': 3}, *args)

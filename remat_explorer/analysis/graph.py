@@ -95,8 +95,9 @@ class GraphEdge:
   """For a residual edge: its index in the block's ``BlockReport.residuals``."""
   bytes: int = 0
   name: str | None = None
-  per_device: str | None = None
-  """In a sharded program, the shard each device keeps, e.g. ``f32[4,8] 128 B``."""
+  per_device_aval: str | None = None
+  """In a sharded program, the shard each device keeps, e.g. ``f32[4,8]``."""
+  per_device_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -304,14 +305,14 @@ class _Builder:
 
   def _residual_edge(self, src, dst, block, index, aval) -> None:
     residual = None if index is None else block.residuals[index]
-    per_device = None
+    local_aval = local_bytes = None
     if residual is not None and residual.per_device_shape is not None:
-      local = aval.update(shape=residual.per_device_shape)
-      per_device = f'{aval_text(local)} {residual.per_device_bytes} B/device'
+      local_aval = aval_text(aval.update(shape=residual.per_device_shape))
+      local_bytes = residual.per_device_bytes
     self.edges.append(GraphEdge(
         src, dst, 'residual', index,
         residual.bytes if residual is not None else 0,
-        residual.name if residual is not None else None, per_device))
+        residual.name if residual is not None else None, local_aval, local_bytes))
 
 
 _ROLE_TITLES = {'input': 'input', 'residual': 'residual', 'saved': 'saved input',

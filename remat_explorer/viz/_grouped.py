@@ -189,7 +189,7 @@ class _Drawer:
           merged[key].name = merged[key].name if merged[key].name == e.name else None
           merged[key].per_device = None
         continue
-      merged[key] = Edge(src, dst, e.kind, e.bytes, 1, e.name, e.per_device)
+      merged[key] = Edge(src, dst, e.kind, e.bytes, 1, e.name, _per_device(e))
     return list(merged.values()) + self.bodies
 
 
@@ -229,3 +229,10 @@ def _name_list(names: list[str], shown: int = 4) -> str:
   if len(names) <= shown:
     return ', '.join(names)
   return ', '.join(names[:shown - 1]) + f', … ({len(names) - shown} more), ' + names[-1]
+
+
+def _per_device(e) -> str | None:
+  """The shard of a residual each device keeps, e.g. ``f32[8,16] 512 B/device``."""
+  if e.per_device_aval is None:
+    return None
+  return f'{e.per_device_aval} {format_bytes(e.per_device_bytes)}/device'

@@ -26,7 +26,7 @@ CSS = f"""<style>
 }}
 .remat-explorer .{STALE}::before {{ content: 'updating…'; }}
 .remat-explorer .{OUTDATED}::before {{
-  content: 'computed under another lowering: press “compare all policies” again';
+  content: 'computed under another lowering: press “compare all …” again';
 }}
 .remat-explorer .remat-caption {{ color: #444; font-size: 12px; margin: 0.2em 0 0.4em; }}
 .remat-explorer .remat-task {{ display: flex; align-items: center; gap: 0.5em;

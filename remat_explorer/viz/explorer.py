@@ -11,11 +11,14 @@ previous views stay.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+import jax
+
 from remat_explorer.analysis import (DEFAULT_LOWERING, LOWERINGS, NO_REMAT, analyze,
                                      builtin_policies, compare, compile_costs)
 from remat_explorer.analysis.compare import AS_WRITTEN, AS_WRITTEN_NO_REMAT
 from remat_explorer.analysis.context import TraceSettings
-import jax
 from remat_explorer.viz import _panels
 from remat_explorer.viz._panels import (OUTDATED, STALE, caption_html, error_text,
                                         warnings_html)
@@ -25,9 +28,11 @@ from remat_explorer.viz.charts import (plot_memory_breakdown, plot_pareto,
                                        plot_residuals_by_origin)
 from remat_explorer.viz.embed import chart_img, render_diagram
 from remat_explorer.viz.html_widget import HtmlView
+from remat_explorer.viz.layout_tables import scan_layouts_html
 from remat_explorer.viz.split_graph import split_graph
 from remat_explorer.viz.tables import (RESIDUAL_SORT_KEYS, comparison_table_html,
-                                       other_warnings, report_jaxprs_html, residual_table_html)
+                                       other_warnings, report_jaxprs_html,
+                                       residual_table_html)
 from remat_explorer.viz.viewer import svg_img_html
 
 TABS = ('Split diagram', 'Residuals', 'Costs', 'Compare', 'Program')
@@ -39,15 +44,36 @@ _AUTO = {'width': 'auto'}  # buttons as wide as their text: never cut
 def explore(f, *args, argnums=0, **kwargs):
   """Open the Explorer on `f` at `args`.
 
+  `f` may also be a mapping from labels to functions of the same arguments,
+  such as layouts of one long scan (``{'every': f0, 'sqrt': f1}``): a
+  "layout" control picks the one shown, and the Compare tab compiles each
+  as written, side by side.
+
   Without ipywidgets (or outside a notebook front end that runs them) the
   result still displays: as static HTML of the split and the residuals.
   """
+  layouts = _layouts(f)
   try:
-    import ipywidgets  # noqa: F401
     import anywidget  # noqa: F401
+    import ipywidgets  # noqa: F401
   except ImportError:
-    return StaticView(analyze(f, *args, argnums=argnums, **kwargs))
+    first = next(iter(layouts.values())) if layouts else f
+    return StaticView(analyze(first, *args, argnums=argnums, **kwargs))
   return Explorer(f, *args, argnums=argnums, **kwargs)
+
+
+def _layouts(f) -> dict | None:
+  """`f` as a dict of labelled functions, or None for one function."""
+  if not isinstance(f, Mapping):
+    return None
+  if not f:
+    raise ValueError('explore got an empty mapping; pass {label: function, ...} with '
+                     'one function per layout, or a single function.')
+  for label, fn in f.items():
+    if not isinstance(label, str) or not callable(fn):
+      raise TypeError('explore takes a function or a mapping from labels (str) to '
+                      f'functions, but the mapping maps {label!r} to {type(fn).__name__}.')
+  return dict(f)
 
 
 def static_html(report, block=None, expand=()) -> str:
@@ -81,7 +107,13 @@ class Explorer:
     import ipywidgets as w
 
     from remat_explorer.viz.viewer_widget import DiagramViewer
-    self.f, self.args, self.kwargs, self.argnums = f, args, kwargs, argnums
+    self.layouts = _layouts(f)
+    self._function = None if self.layouts else f
+    self.args, self.kwargs, self.argnums = args, kwargs, argnums
+    # Layouts of one computation (functions of the same arguments): the
+    # control picks the function every view analyzes.
+    self.layout = w.Dropdown(options=list(self.layouts or ()), description='layout',
+                             layout=w.Layout(display='' if self.layouts else 'none'))
     # Work on other threads takes the mesh and lowering strategy of the code
     # that opened the Explorer with it.
     self._settings = TraceSettings.current()
@@ -108,13 +140,13 @@ class Explorer:
                                          layout=w.Layout(display='none'))
     self.lowering = w.Dropdown(options=list(LOWERINGS), value=DEFAULT_LOWERING,
                                description='lowering')
-    blocks = [_ALL_BLOCKS] + [b.name for b in (first.blocks if first else ())]
-    self.block = w.Dropdown(options=blocks, value=_ALL_BLOCKS, description='block',
-                            layout=w.Layout(display='' if len(blocks) > 2 else 'none'))
+    self.block = w.Dropdown(options=[_ALL_BLOCKS], value=_ALL_BLOCKS, description='block')
+    self._set_blocks(first)
     self._budget = BudgetSearch(self)
     self.budget, self.budget_note = self._budget.slider, self._budget.note
     self.search_button, self.search_note = self._budget.button, self._budget.found
-    self.compare_button = w.Button(description='compare all policies',
+    self.compare_button = w.Button(
+        description='compare all layouts' if self.layouts else 'compare all policies',
                                    layout=w.Layout(**_AUTO))
     self.progress = w.HTML()
     self.error = w.HTML()
@@ -144,6 +176,7 @@ class Explorer:
     for control in (self.policy, self.names_select, self.lowering):
       control.observe(lambda _: self.refresh(), names='value')
     self.block.observe(self._block_changed, names='value')
+    self.layout.observe(self._layout_changed, names='value')
     self.sort_by.observe(lambda _: self._render_residuals(self.current_report()),
                          names='value')
     self.lowering.observe(lambda _: self._budget.learn_range(), names='value')
@@ -152,7 +185,7 @@ class Explorer:
     self.diagram.observe(self._node_clicked, names='click_count')
     self.widget = w.VBox([
         w.HTML(_panels.CSS),
-        w.HBox([self.policy, self.names_select, self.lowering, self.block]),
+        w.HBox([self.layout, self.policy, self.names_select, self.lowering, self.block]),
         w.HBox([self.budget, self.budget_note, self.search_button, self.progress]),
         self.search_note, self.error, self.tabs])
     # Class names for styling and for tests that look at the page.
@@ -175,7 +208,20 @@ class Explorer:
         continue
     return None
 
+  def _set_blocks(self, report) -> None:
+    """The block control's options: the blocks of `report` (the program as
+    written), shown when there is a choice."""
+    blocks = [_ALL_BLOCKS] + [b.name for b in (report.blocks if report else ())]
+    self.block.options = blocks
+    self.block.value = _ALL_BLOCKS
+    self.block.layout.display = '' if len(blocks) > 2 else 'none'
+
   # -- what the controls say ---------------------------------------------------
+
+  @property
+  def f(self):
+    """The function the views analyze: the one given, or the chosen layout."""
+    return self.layouts[self.layout.value] if self.layouts else self._function
 
   def current_policy(self):
     if self.policy.value == _NAMED:
@@ -210,10 +256,11 @@ class Explorer:
     self._mark_comparison()
     # The compile takes the controls as they are now; its result is dropped
     # if they have changed again by the time it ends.
-    label, policy, lowering = self.policy.value, self.current_policy(), self.lowering.value
+    fn, policy, lowering = self.f, self.current_policy(), self.lowering.value
+    label = f'{self.layout.value} · {self.policy.value}' if self.layouts else self.policy.value
     self.costs_tab.add_class(STALE)
     self._work.start(f'compiling under {label} · lowering {lowering}',
-                     lambda _: self._costs_html(label, policy, lowering, report),
+                     lambda _: self._costs_html(fn, label, policy, lowering, report),
                      lambda html: self._show_costs(generation, html),
                      lambda e: self._costs_failed(generation, e))
 
@@ -238,11 +285,11 @@ class Explorer:
         f'{residual_table_html(report, sort_by=self.sort_by.value)}</div>'
         + chart_img(plot_residuals_by_origin(report), 'residual bytes by origin'))
 
-  def _costs_html(self, label, policy, lowering, report) -> str:
-    """On a worker: compile under `policy` and under no remat, draw."""
-    costs = compile_costs(self.f, *self.args, policy=policy, lowering=lowering,
+  def _costs_html(self, fn, label, policy, lowering, report) -> str:
+    """On a worker: compile `fn` under `policy` and under no remat, draw."""
+    costs = compile_costs(fn, *self.args, policy=policy, lowering=lowering,
                           argnums=self.argnums, **self.kwargs)
-    baseline = compile_costs(self.f, *self.args, policy=NO_REMAT, argnums=self.argnums,
+    baseline = compile_costs(fn, *self.args, policy=NO_REMAT, argnums=self.argnums,
                              **self.kwargs)
     return _panels.costs_html(label, lowering, costs, baseline, report)
 
@@ -258,15 +305,18 @@ class Explorer:
       self.costs_tab.remove_class(STALE)  # nothing is coming
 
   def _compare(self) -> None:
-    lowering, selected, searched = self.lowering.value, self.policy.value, self.search_result
-    policies = dict(builtin_policies(self.names))
-    if searched is not None and searched.fits:  # the searched policy is a row too
-      policies.setdefault(self._policy_label(searched.label, searched.policy),
-                          searched.policy)
+    lowering, searched = self.lowering.value, self.search_result
+    if self.layouts:  # each layout as written
+      subject, policies, selected = self.layouts, None, self.layout.value
+    else:
+      subject, policies, selected = self.f, dict(builtin_policies(self.names)), self.policy.value
+      if searched is not None and searched.fits:  # the searched policy is a row too
+        policies.setdefault(self._policy_label(searched.label, searched.policy),
+                            searched.policy)
     self.compare_view.add_class(STALE)
 
     def run(progress):
-      comparison = compare(self.f, *self.args, policies=policies, lowering=lowering,
+      comparison = compare(subject, *self.args, policies=policies, lowering=lowering,
                            argnums=self.argnums, progress=progress, **self.kwargs)
       return comparison, _comparison_html(comparison, selected, searched)
 
@@ -275,11 +325,13 @@ class Explorer:
       self._compared_lowering = lowering
       self._show_comparison(html)
       self._set_pareto_options([r.label for r in self.comparison.rows if not r.failed])
-    self._work.start(f'comparing policies · lowering {lowering}', run, show,
+    what = 'layouts' if self.layouts else 'policies'
+    self._work.start(f'comparing {what} · lowering {lowering}', run, show,
                      self._comparison_failed)
 
   def _redraw_comparison(self) -> None:
-    comparison, selected, searched = self.comparison, self.policy.value, self.search_result
+    comparison, searched = self.comparison, self.search_result
+    selected = self.layout.value if self.layouts else self.policy.value
     self.compare_view.add_class(STALE)
     self._work.start('drawing the comparison',
                      lambda _: _comparison_html(comparison, selected, searched),
@@ -331,7 +383,8 @@ class Explorer:
     self._picking = True
     try:
       self.pareto_pick.options = labels
-      self.pareto_pick.value = self.policy.value if self.policy.value in labels else None
+      shown = self.layout.value if self.layouts else self.policy.value
+      self.pareto_pick.value = shown if shown in labels else None
     finally:
       self._picking = False
 
@@ -339,9 +392,25 @@ class Explorer:
     label = change['new']
     if self._picking or not label:
       return
+    if self.layouts:  # a row is a layout, as written
+      self.layout.value = label
+      self.policy.value = self.policy.options[0]
+      return
     if label not in self.policy.options and self.comparison is not None:
       label = self._add_policy(label, self.comparison.row(label).policy)
     self.policy.value = label
+
+  def _layout_changed(self, _) -> None:
+    self._expanded.clear()
+    try:
+      with self._settings.entered():
+        first = analyze(self.f, *self.args, argnums=self.argnums, **self.kwargs)
+    except Exception:  # refresh() shows the error
+      first = None
+    with self.block.hold_trait_notifications():
+      self._set_blocks(first)
+    self.refresh()
+    self._budget.learn_range()
 
   def _block_changed(self, _) -> None:
     self._expanded.clear()  # node ids are per drawing
@@ -392,8 +461,10 @@ class Explorer:
 
 def _comparison_html(comparison, selected, search_result) -> str:
   """The Compare tab: the table (each policy's warnings in its row), the
-  warnings that concern no row, the Pareto chart and memory by policy."""
+  warnings that concern no row, each checkpointed scan's schedule in theory
+  and measured, the Pareto chart and memory by policy."""
   return (comparison_table_html(comparison) + warnings_html(other_warnings(comparison))
+          + scan_layouts_html(comparison)
           + chart_img(plot_pareto(comparison, selected=selected, search_result=search_result),
                       'peak memory against FLOPs')
           + chart_img(plot_memory_breakdown(comparison), 'memory by policy'))

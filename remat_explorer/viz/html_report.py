@@ -13,10 +13,10 @@ when XLA merged a recompute away (the rows' notes say which).
 
 from __future__ import annotations
 
-
 from remat_explorer.viz.charts import (plot_memory_breakdown, plot_memory_timeline,
                                        plot_pareto, plot_residuals_by_origin)
 from remat_explorer.viz.embed import chart_img, render_diagram
+from remat_explorer.viz.layout_tables import nesting_levels_html, scan_layouts_html
 from remat_explorer.viz.split_graph import split_graph
 from remat_explorer.viz.tables import (comparison_table_html, other_warnings,
                                        report_jaxprs_html, residual_table_html)
@@ -70,7 +70,7 @@ def report_html(comparison, report, *, title: str | None = None,
       'row\'s notes.</p>',
       _summary_html(comparison),
       '<section><h2>Policies compared</h2>', comparison_table_html(comparison),
-      _warnings_html(other_warnings(comparison)),
+      _warnings_html(other_warnings(comparison)), scan_layouts_html(comparison),
       chart_img(plot_pareto(comparison, selected=selected and selected.label,
                          search_result=search_result), 'Peak memory against FLOPs'),
       chart_img(plot_memory_breakdown(comparison), 'Memory by policy'),
@@ -95,6 +95,7 @@ def report_html(comparison, report, *, title: str | None = None,
       _warnings_html(report.warnings),
       '<div class="diagram">',
       static_viewer_html(diagram.svg) if diagram.svg else '', diagram.notes_html, '</div>',
+      nesting_levels_html(report),
       '</section>',
       f'<section><h2>Residuals under {esc(shown)}</h2>',
       residual_table_html(report),
