@@ -5,7 +5,7 @@
 VENV       := .venv
 PYTHON     := $(VENV)/bin/python
 INSTALLED  := $(VENV)/.installed
-PYTEST_ARGS ?= -n 2
+PYTEST_ARGS ?= -n 2 --dist loadgroup
 
 .PHONY: test lab bench report notebooks dot chromium clean
 

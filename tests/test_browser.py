@@ -45,6 +45,9 @@ LAB_SETTINGS = {'@jupyterlab/apputils-extension/notification.jupyterlab-settings
 UNTRUSTED_NOTEBOOK = 'untrusted.ipynb'
 PEAK_NOTEBOOK = 'peak.ipynb'
 
+# One worker runs them all (under `--dist loadgroup`): one JupyterLab server.
+pytestmark = pytest.mark.xdist_group('browser')
+
 
 def _require_chromium():
   if not os.access(CHROMIUM, os.X_OK):

@@ -17,6 +17,9 @@ def test_there_are_notebooks():
   assert len(NOTEBOOKS) >= 6, [p.name for p in NOTEBOOKS]
 
 
+# One notebook at a time (one worker under `--dist loadgroup`), as a user
+# runs them: two compiling notebooks on two cores would time each other.
+@pytest.mark.xdist_group('notebooks')
 @pytest.mark.parametrize('path', NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_within_a_minute(path):
   try:
