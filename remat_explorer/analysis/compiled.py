@@ -301,7 +301,7 @@ def compile_step(step, leaves, *, function, policy, lowering, donate_argnums=(),
   devices = compiled_placement(compiled, placement)
   try:  # the timeline and the collectives are readings of XLA's text format
     module = parse_hlo(hlo)
-    timeline = memory_timeline(compiled, module)
+    timeline = memory_timeline(compiled, module, memory)
   except Exception as e:
     module, timeline = None, None
     notes.append(f'memory timeline unavailable: {type(e).__name__}: {e}')
@@ -411,14 +411,21 @@ def _run(compiled, leaves, repeats, donate_argnums, notes):
 
 # Matmul-like ops: StableHLO's ops, and in optimized HLO the instructions or
 # the library calls (cuBLAS/cuDNN) and Triton GEMM fusions that implement them.
-_LOWERED_MATMUL = re.compile(r'\bstablehlo\.(dot_general|dot|convolution)\b')
+# The lowered pattern starts with its literal, which `re` finds fast; the word
+# boundary before it is checked on each hit (a \b in front would make `re`
+# try every position). In the compiled one, possessive quantifiers (never
+# worth giving back there: what follows each run cannot match inside it)
+# spare `re` backtracking through every long run after an '='.
+_LOWERED_MATMUL = re.compile(r'stablehlo\.(dot_general|dot|convolution)\b')
+_WORD_CHAR = re.compile(r'\w')
 _COMPILED_MATMUL = re.compile(
-    r'=\s*\S+\s+(dot|convolution)\(|custom_call_target="__(cublas|cudnn)[^"]*"'
+    r'=\s*+\S++\s++(dot|convolution)\(|custom_call_target="__(cublas|cudnn)[^"]*"'
     r'|"__triton_gemm"')
 
 
 def count_matmuls_lowered(stablehlo_text: str) -> int:
-  return len(_LOWERED_MATMUL.findall(stablehlo_text))
+  return sum(1 for m in _LOWERED_MATMUL.finditer(stablehlo_text)
+             if not (m.start() and _WORD_CHAR.match(stablehlo_text, m.start() - 1)))
 
 
 def count_matmuls_compiled(hlo_text: str) -> int:

@@ -15,9 +15,9 @@ Two readings of one executable, shared by the memory timeline
   ``argument_size_in_bytes``, ``output_size_in_bytes`` and
   ``temp_size_in_bytes`` are sums of these allocations' sizes.
 
-Both protos are read with a small reader of protobuf's wire format, since
-jaxlib ships no Python classes for them; only the fields named below are
-read, so fields a later XLA adds are skipped.
+Both protos are read with a small reader of protobuf's wire format
+(``protowire.py``), since jaxlib ships no Python classes for them; only the
+fields named below are read, so fields a later XLA adds are skipped.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ import dataclasses
 import functools
 import re
 from typing import Any, NamedTuple, Union
+
+from remat_explorer.analysis import protowire as wire
 
 
 # -- HLO text -------------------------------------------------------------------
@@ -55,20 +57,20 @@ class Instruction:
   is_root: bool
 
   def __post_init__(self):
-    self.operands = re.findall(r'%([\w.\-]+)', self.args)
+    self.operands = _OPERAND.findall(self.args)
 
   # Read from the metadata on demand: most instructions are never asked.
   @functools.cached_property
   def op_name(self) -> str:
     """JAX's name stack, e.g. ``jit(f)/transpose(jvp())/dot_general``."""
-    m = re.search(r'\bop_name="((?:[^"\\]|\\.)*)"', self.attrs)
+    m = _OP_NAME.search(self.attrs)
     return m.group(1) if m else ''
 
   @functools.cached_property
   def source(self) -> str:
     """``file:line`` of the JAX call that produced it, if recorded."""
-    file = re.search(r'\bsource_file="((?:[^"\\]|\\.)*)"', self.attrs)
-    line = re.search(r'\bsource_line=(\d+)', self.attrs)
+    file = _SOURCE_FILE.search(self.attrs)
+    line = _SOURCE_LINE.search(self.attrs)
     return f'{file.group(1)}:{line.group(1)}' if file and line else ''
 
   def attr(self, key: str) -> str | None:
@@ -78,7 +80,7 @@ class Instruction:
   @property
   def tuple_index(self) -> int:
     """The ``index=`` of a ``get-tuple-element``."""
-    return int(re.search(r'\bindex=(\d+)', self.attrs).group(1))
+    return int(_TUPLE_INDEX.search(self.attrs).group(1))
 
   def called(self) -> list[str]:
     """Computations run as part of this instruction: not fusions' and not
@@ -94,12 +96,36 @@ class Instruction:
 
   def all_called(self) -> list[str]:
     """Every computation named in the attributes, fusions' included."""
-    names = re.findall(r'\b(?:calls|to_apply|body|condition|true_computation|'
-                       r'false_computation)=%?([\w.\-]+)', self.attrs)
-    for group in re.findall(r'\b(?:branch_computations|called_computations)'
-                            r'=\{([^}]*)\}', self.attrs):
-      names += re.findall(r'%?([\w.\-]+)', group)
+    if not _may_call(self.attrs):
+      return []
+    names = _CALLED.findall(self.attrs)
+    for group in _CALLED_GROUP.findall(self.attrs):
+      names += _NAME.findall(group)
     return names
+
+
+# The patterns above, compiled once: the timeline asks every instruction.
+# In a quoted string, a run of plain characters is possessive (a backslash
+# or the closing quote ends it, so giving one back never helps a match):
+# `re` then reads the run in one go rather than a character at a time.
+_OPERAND = re.compile(r'%([\w.\-]+)')
+_OP_NAME = re.compile(r'\bop_name="((?:[^"\\]++|\\.)*+)"')
+_SOURCE_FILE = re.compile(r'\bsource_file="((?:[^"\\]++|\\.)*+)"')
+_SOURCE_LINE = re.compile(r'\bsource_line=(\d+)')
+_TUPLE_INDEX = re.compile(r'\bindex=(\d+)')
+_CALLED = re.compile(r'\b(?:calls|to_apply|body|condition|true_computation|'
+                     r'false_computation)=%?([\w.\-]+)')
+_CALLED_GROUP = re.compile(r'\b(?:branch_computations|called_computations)'
+                           r'=\{([^}]*)\}')
+_NAME = re.compile(r'%?([\w.\-]+)')
+
+
+def _may_call(attrs: str) -> bool:
+  """False where `_CALLED` and `_CALLED_GROUP` cannot match: no key of
+  theirs occurs (``computation`` covers the last four). Most instructions
+  call nothing, and these substring tests are much faster than a search."""
+  return ('calls=' in attrs or 'to_apply=' in attrs or 'body=' in attrs
+          or 'condition=' in attrs or 'computation' in attrs)
 
 
 Donation = tuple[list[int], int, list[int]]
@@ -183,6 +209,9 @@ def _parse_instruction(line: str, m: re.Match) -> Instruction:
 
 def _after_closing_paren(line: str, start: int) -> int:
   """The position after the ``)`` closing a ``(`` just before `start`."""
+  close = line.find(')', start)
+  if close >= 0 and line.find('(', start, close) < 0:
+    return close + 1  # the usual case: operands hold no parentheses
   depth = 1
   for m in _PARENS.finditer(line, start):
     depth += 1 if m.group() == '(' else -1
@@ -201,13 +230,19 @@ def _parse_shape(text: str, i: int) -> tuple[Shape, int]:
     return elements, i + 1
   if not (m := _ARRAY.match(text, i)):
     raise ValueError(f'cannot parse HLO shape at: {text[i:i + 40]!r}')
-  dtype, dims, layout = m.groups()
+  return _leaf(*m.groups()), m.end()
+
+
+@functools.lru_cache(maxsize=4096)
+def _leaf(dtype: str, dims: str, layout: str | None) -> Leaf:
+  """The leaf of an array type, read once per distinct type: a module
+  repeats a few types thousands of times."""
   space = re.search(r'S\((\d+)\)', layout or '')
   space = int(space.group(1)) if space else 0
   n = 1
   for d in re.findall(r'\d+', dims):  # a dynamic '<=8' counts as its bound
     n *= int(d)
-  return Leaf(n * _dtype_bits(dtype) // 8, space, f'{dtype}[{dims}]S{space}'), m.end()
+  return Leaf(n * _dtype_bits(dtype) // 8, space, f'{dtype}[{dims}]S{space}')
 
 
 @functools.lru_cache(maxsize=None)
@@ -255,18 +290,26 @@ class Placement:
     return sum(a.bytes for a in self.allocations.values() if a.kind == kind)
 
 
-def read_placement(compiled) -> Placement | None:
+def read_placement(compiled, memory=None) -> Placement | None:
   """XLA's buffer assignment of a compiled executable, or None where the
-  executable does not expose it (or its ids cannot be resolved)."""
+  executable does not expose it (or its ids cannot be resolved).
+  `memory`: ``compiled.memory_analysis()``, where the caller has it."""
   try:
-    proto = compiled.memory_analysis().serialized_buffer_assignment_proto
+    memory = compiled.memory_analysis() if memory is None else memory
+    proto = memory.serialized_buffer_assignment_proto
     modules = compiled.runtime_executable().hlo_modules()
   except Exception:  # not every backend or JAX version exposes both
     return None
   if not proto or len(modules) != 1:
     return None
-  names = _instruction_names(modules[0].as_serialized_hlo_module_proto())
-  return placement_from_protos(proto, names)
+  module = modules[0].as_serialized_hlo_module_proto()
+  # Fusion computations hold most of a module's instructions but define no
+  # buffer of the assignment (their fusion instruction does), so they are
+  # read only if some buffer's instruction is not found without them.
+  placement = placement_from_protos(proto, _instruction_names(module, fused=False))
+  if placement is None:
+    placement = placement_from_protos(proto, _instruction_names(module))
+  return placement
 
 
 def placement_from_protos(assignment: bytes, names: dict[int, tuple[str, str]]
@@ -274,24 +317,27 @@ def placement_from_protos(assignment: bytes, names: dict[int, tuple[str, str]]
   """Decode a ``BufferAssignmentProto``, naming each logical buffer's
   defining instruction through `names` (instruction id -> (computation,
   instruction))."""
+  data = assignment
   logical = {}
   allocations, placed = {}, []
-  for number, value in _fields(assignment):
-    if number == 1:  # LogicalBufferProto
-      buffer = _message(value)
-      location = _message(buffer.get(3, [b''])[0])
-      instruction = names.get(_one(location, 4))
+  for number, value in wire.fields(data, wire.whole(data), (1, 3)):
+    if number == 1:  # LogicalBufferProto: id 1, defined_at 3
+      buffer = wire.message(data, value, (1, 3))
+      # Its location: instruction id 4, shape index 3.
+      location = wire.message(data, buffer.get(3, [wire.EMPTY])[0], (3, 4))
+      instruction = names.get(wire.scalar(location, 4))
       if instruction is None:
         return None
-      logical[_one(buffer, 1)] = (instruction, tuple(_packed(location.get(3, []))))
+      logical[wire.scalar(buffer, 1)] = (
+          instruction, tuple(wire.packed(data, location.get(3, []))))
     elif number == 3:  # BufferAllocationProto
-      allocation = _message(value)
-      index = _one(allocation, 1)
-      allocations[index] = Allocation(index, _one(allocation, 2),
+      allocation = wire.message(data, value, _ALLOCATION_FIELDS)
+      index = wire.scalar(allocation, 1)
+      allocations[index] = Allocation(index, wire.scalar(allocation, 2),
                                       _allocation_kind(allocation))
-      for assigned in allocation.get(9, []):
-        a = _message(assigned)
-        placed.append((_one(a, 1), index, _one(a, 2), _one(a, 3)))
+      for assigned in allocation.get(9, []):  # buffer id 1, offset 2, size 3
+        a = wire.message(data, assigned, (1, 2, 3))
+        placed.append((wire.scalar(a, 1), index, wire.scalar(a, 2), wire.scalar(a, 3)))
   buffers = []
   for buffer_id, index, offset, size in placed:
     if buffer_id not in logical:
@@ -302,85 +348,34 @@ def placement_from_protos(assignment: bytes, names: dict[int, tuple[str, str]]
   return Placement(allocations, tuple(buffers))
 
 
+_ALLOCATION_FIELDS = (1, 2, 3, 5, 7, 9, 12)
+"""Index, size, is_thread_local, is_entry_computation_parameter,
+maybe_live_out, assigned (buffers), is_constant."""
+
+
 def _allocation_kind(allocation: dict) -> str:
-  if _one(allocation, 5):
+  if wire.scalar(allocation, 5):
     return 'parameter'
-  if _one(allocation, 12):
+  if wire.scalar(allocation, 12):
     return 'constant'
-  if _one(allocation, 3):
+  if wire.scalar(allocation, 3):
     return 'thread_local'
-  return 'output' if _one(allocation, 7) else 'temp'
+  return 'output' if wire.scalar(allocation, 7) else 'temp'
 
 
-def _instruction_names(module_proto: bytes) -> dict[int, tuple[str, str]]:
+def _instruction_names(module_proto: bytes, fused: bool = True
+                       ) -> dict[int, tuple[str, str]]:
   """Instruction id -> (computation name, instruction name), from an
-  ``HloModuleProto`` (computations: field 3; their name 1 and instructions
-  2; an instruction's name 1 and id 35)."""
-  names = {}
-  for number, value in _fields(module_proto):
-    if number != 3:
+  ``HloModuleProto`` (computations: field 3; their name 1, instructions 2
+  and is_fusion_computation 7; an instruction's name 1 and id 35), without
+  the fusion computations' instructions unless `fused`."""
+  data, names = module_proto, {}
+  for _, span in wire.fields(data, wire.whole(data), (3,)):
+    computation = wire.message(data, span, (1, 2, 7))
+    if not fused and wire.scalar(computation, 7):
       continue
-    computation = _message(value)
-    computation_name = computation.get(1, [b''])[0].decode()
+    computation_name = wire.text(data, computation, 1)
     for instruction in computation.get(2, []):
-      fields = _message(instruction)
-      names[_one(fields, 35)] = (computation_name, fields.get(1, [b''])[0].decode())
+      fields = wire.message(data, instruction, (1, 35))
+      names[wire.scalar(fields, 35)] = (computation_name, wire.text(data, fields, 1))
   return names
-
-
-# -- protobuf's wire format ---------------------------------------------------------
-
-def _varint(data: bytes, i: int) -> tuple[int, int]:
-  result = shift = 0
-  while True:
-    byte = data[i]
-    i += 1
-    result |= (byte & 0x7F) << shift
-    shift += 7
-    if byte < 0x80:
-      return result, i
-
-
-def _fields(data: bytes):
-  """(field number, value) pairs: ints for varints, bytes otherwise."""
-  i = 0
-  while i < len(data):
-    key, i = _varint(data, i)
-    number, wire_type = key >> 3, key & 7
-    if wire_type == 0:
-      value, i = _varint(data, i)
-    elif wire_type == 2:
-      size, i = _varint(data, i)
-      value, i = data[i:i + size], i + size
-    elif wire_type in (1, 5):
-      size = 8 if wire_type == 1 else 4
-      value, i = data[i:i + size], i + size
-    else:
-      raise ValueError(f'unsupported protobuf wire type {wire_type}')
-    yield number, value
-
-
-def _message(data: bytes) -> dict[int, list]:
-  out: dict[int, list] = {}
-  for number, value in _fields(data):
-    out.setdefault(number, []).append(value)
-  return out
-
-
-def _one(message: dict[int, list], number: int) -> int:
-  """A scalar field; proto3 leaves zeros (and False) out."""
-  return message.get(number, [0])[-1]
-
-
-def _packed(values: list) -> list[int]:
-  """A repeated int field, packed (one bytes value) or not (ints)."""
-  out = []
-  for value in values:
-    if isinstance(value, int):
-      out.append(value)
-      continue
-    i = 0
-    while i < len(value):
-      v, i = _varint(value, i)
-      out.append(v)
-  return out

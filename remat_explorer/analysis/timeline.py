@@ -128,11 +128,13 @@ class MemoryTimeline:
             'peak_bytes': self.peak_bytes, 'peak_step': self.peak_step}
 
 
-def memory_timeline(compiled, module: HloModule | None = None) -> MemoryTimeline:
+def memory_timeline(compiled, module: HloModule | None = None,
+                    memory=None) -> MemoryTimeline:
   """The timeline of ``jax.jit(f).lower(*args).compile()``; `module` is
-  ``parse_hlo(compiled.as_text())`` where the caller has it already."""
+  ``parse_hlo(compiled.as_text())`` and `memory` is
+  ``compiled.memory_analysis()``, where the caller has them already."""
   module = module or parse_hlo(compiled.as_text())
-  return timeline_of(module, read_placement(compiled))
+  return timeline_of(module, read_placement(compiled, memory))
 
 
 def timeline_of(module: HloModule, placement: Placement | None = None) -> MemoryTimeline:
@@ -215,14 +217,15 @@ def _placed_bytes(module: HloModule, placement: Placement,
   ranges = {(b.instruction, b.shape_index): (b.start, b.end)
             for b in found if b.kind == 'value'}
   running = _steps_running(module)
+  defining_step = _defining_steps(module)
   tops: dict[int, np.ndarray] = {}
   for p in placement.buffers:
     if placement.allocations[p.allocation].kind != 'temp':
       continue
     top = tops.setdefault(p.allocation, np.zeros(steps, dtype=np.int64))
     if p.computation == module.entry:
-      start, end = ranges.get((p.instruction, p.shape_index),
-                              _defining_step(module, p.instruction))
+      start, end = (ranges.get((p.instruction, p.shape_index))
+                    or defining_step(p.instruction))
       spans = [(start, end)]
     else:  # a loop body's (or other called computation's) buffer
       spans = [(i, i) for i in running.get(p.computation, ())]
@@ -235,19 +238,28 @@ def _placed_bytes(module: HloModule, placement: Placement,
   return [int(x) for x in total]
 
 
-def _defining_step(module: HloModule, name: str) -> tuple[int, int]:
-  """(step, last step reading it) of an entry instruction whose buffer the
-  liveness model has no leaf for (a tuple's index table)."""
-  instrs = module.entry_instructions
-  step = next((i for i, x in enumerate(instrs) if x.name == name), 0)
-  readers = [i for i, x in enumerate(instrs) if name in x.operands]
-  return step, max(readers, default=step)
+def _defining_steps(module: HloModule):
+  """A function giving the (step, last step reading it) of an entry
+  instruction whose buffer the liveness model has no leaf for (a tuple's
+  index table), from one pass over the schedule."""
+  first: dict[str, int] = {}
+  last_read: dict[str, int] = {}
+  for i, x in enumerate(module.entry_instructions):
+    first.setdefault(x.name, i)
+    for operand in x.operands:
+      last_read[operand] = i
+
+  def defining_step(name: str) -> tuple[int, int]:
+    step = first.get(name, 0)
+    return step, last_read.get(name, step)
+  return defining_step
 
 
 def _steps_running(module: HloModule) -> dict[str, set[int]]:
   """For each computation, the entry steps that run it (directly or
   through the computations they call)."""
   running: dict[str, set[int]] = {}
+  calls: dict[str, list[str]] = {}  # what each computation's instructions call
   for step, ins in enumerate(module.entry_instructions):
     stack, seen = list(ins.all_called()), set()
     while stack:
@@ -256,6 +268,8 @@ def _steps_running(module: HloModule) -> dict[str, set[int]]:
         continue
       seen.add(name)
       running.setdefault(name, set()).add(step)
-      for inner in module.computations[name]:
-        stack.extend(inner.all_called())
+      if name not in calls:
+        calls[name] = [c for inner in module.computations[name]
+                       for c in inner.all_called()]
+      stack.extend(calls[name])
   return running
