@@ -494,6 +494,30 @@ def _check_timeline_hover(page, timeline, live_at):
                          timeout=10_000)
 
 
+def _check_modules_open_on_click(page, explorer):
+  """The diagram of the NNX model draws its modules as named boxes, readable
+  at the size shown; a click on one opens it, one level down."""
+  viewer = explorer.locator('.remat-viewer').first
+  _check_viewer(page, viewer)
+  group = viewer.locator('g.node[id$="/attention"]').first
+  assert group.count() == 1 and 'attention' in group.text_content()
+  assert viewer.locator('g.node[id$="/mlp_in"]').count() >= 1
+  nodes = viewer.locator('g.node').count()
+  viewer.get_by_role('button', name='fit').click()
+  spot = page.evaluate("""(g) => {
+    const r = g.getBoundingClientRect();
+    const x = (r.left + r.right) / 2, y = (r.top + r.bottom) / 2;
+    const hit = document.elementFromPoint(x, y);
+    return hit && hit.closest('g.node') === g ? {x, y} : null;
+  }""", group.element_handle())
+  assert spot, 'the attention box is covered'
+  page.mouse.click(spot['x'], spot['y'])
+  page.wait_for_function(  # redrawn by the kernel with the group opened
+      """([v, n]) => v.querySelectorAll('g.node').length > n
+                     && !v.querySelector('g.node[id$="/attention"]')""",
+      arg=[viewer.element_handle(), nodes], timeout=120_000)
+
+
 def test_explorer_costs_list_what_is_live_at_the_peak(lab, browser):
   base, token, notebooks = lab
   _peak_notebook(notebooks / PEAK_NOTEBOOK)
@@ -502,6 +526,7 @@ def test_explorer_costs_list_what_is_live_at_the_peak(lab, browser):
   # This notebook's Explorer: the server may have reopened others, hidden.
   explorer = page.locator(f'{_panel(page)} .remat-explorer').first
   explorer.wait_for(timeout=240_000)
+  _check_modules_open_on_click(page, explorer)
   explorer.get_by_role('tab', name='Costs').click()
   timeline = explorer.locator('.remat-timeline').first
   timeline.wait_for(timeout=240_000)
