@@ -512,10 +512,20 @@ def _check_modules_open_on_click(page, explorer):
   }""", group.element_handle())
   assert spot, 'the attention box is covered'
   page.mouse.click(spot['x'], spot['y'])
-  page.wait_for_function(  # redrawn by the kernel with the group opened
-      """([v, n]) => v.querySelectorAll('g.node').length > n
-                     && !v.querySelector('g.node[id$="/attention"]')""",
-      arg=[viewer.element_handle(), nodes], timeout=120_000)
+  # Redrawn by the kernel with the group opened. The widget may hold the
+  # click until the kernel is idle: ask the kernel until it has arrived.
+  clicked = group.get_attribute('id')
+  opened = """([v, n, id]) => v.querySelectorAll('g.node').length > n
+                              && !v.querySelector('g.node[id="' + CSS.escape(id) + '"]')"""
+  deadline, clicks = time.monotonic() + 120, None
+  while time.monotonic() < deadline:
+    if page.evaluate(opened, [viewer.element_handle(), nodes, clicked]):
+      return
+    clicks = _kernel_print(page, 'print(explorer.diagram.clicked, explorer.diagram.click_count)')
+    time.sleep(0.5)
+  shown = page.evaluate('(v) => v.querySelectorAll("g.node").length', viewer.element_handle())
+  pytest.fail(f'{clicked} did not open; the kernel saw the click as {clicks!r}; '
+              f'nodes before {nodes}, shown {shown}')
 
 
 def test_explorer_costs_list_what_is_live_at_the_peak(lab, browser):
