@@ -30,7 +30,8 @@ from remat_explorer.analysis import flops as flop_count
 from remat_explorer.analysis import sharding
 from remat_explorer.analysis.cache import ResultCache
 from remat_explorer.analysis.origins import (ModulePaths, call_body, module_of_parameter,
-                                             trace_producer, user_site)
+                                             user_site)
+from remat_explorer.analysis.producers import trace_producer
 from remat_explorer.analysis.problem import Problem
 from remat_explorer.analysis.program import (BlockSite, PolicyChoice, describe_policy,
                                              policy_label)
