@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
+import remat_explorer as rx
+
 
 @dataclass(frozen=True)
 class Program:
@@ -222,3 +224,15 @@ def random_cotangent(rng, tree):
       return jnp.asarray(rng.standard_normal(x.shape), dtype=x.dtype)
     return np.zeros(x.shape, dtype=jax.dtypes.float0)
   return jax.tree_util.tree_map(leaf, tree)
+
+
+def named_by_user(name: str):
+  """A checkpointed block saving one value named `name` (in tests, text a
+  user could write that must be escaped where it is shown), with its
+  random arguments."""
+  def block(x, w):
+    h = rx.checkpoint_name(jnp.sin(x @ w), name)
+    return jnp.sum(jnp.cos(h) * x)
+  x = jax.random.normal(jax.random.key(1), (8, 8))
+  w = jax.random.normal(jax.random.key(2), (8, 8))
+  return rx.checkpoint(block, policy=rx.checkpoint_policies.save_only_these_names(name)), (x, w)

@@ -7,17 +7,15 @@ import json
 import random
 import re
 
-import jax
-import jax.numpy as jnp
 import pytest
 
-import remat_explorer as rx
 from remat_explorer.analysis import NO_REMAT, analyze, compile_costs, live_at_peak
 from remat_explorer.viz import tables, timeline_html, timeline_view
 from remat_explorer.viz.charts import plot_memory_timeline
 from remat_explorer.viz.text import format_bytes
 from remat_explorer.viz.timeline_view import forward_backward_boundary
 from tests.framework_models import nnx_transformer
+from tests.programs import named_by_user
 
 HOSTILE = '<img src=x onerror=alert(1)>&"</script>'
 
@@ -165,13 +163,8 @@ def test_the_reference_lines_up_its_passes_with_these(nnx):
 
 
 def test_user_text_in_the_timeline_is_escaped_and_cannot_end_its_script():
-  def block(x, w):
-    h = rx.checkpoint_name(jnp.sin(x @ w), HOSTILE)
-    return jnp.sum(jnp.cos(h) * x)
-  x = jax.random.normal(jax.random.key(1), (8, 8))
-  w = jax.random.normal(jax.random.key(2), (8, 8))
-  f = rx.checkpoint(block, policy=rx.checkpoint_policies.save_only_these_names(HOSTILE))
-  report, costs = analyze(f, x, w), compile_costs(f, x, w)
+  f, args = named_by_user(HOSTILE)
+  report, costs = analyze(f, *args), compile_costs(f, *args)
   view = timeline_view.timeline_view(report, costs, max_bands=4)
   named = [r for rows in view.buffers for r in rows if r.name == HOSTILE]
   assert named, 'premise: the named residual is live somewhere'

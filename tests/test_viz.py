@@ -17,6 +17,7 @@ from remat_explorer.analysis import analyze, compare, search_policy
 from remat_explorer.viz import _labels, _panels, charts, tables
 from remat_explorer.viz.explorer import _NAMED
 from remat_explorer.viz.text import byte_unit
+from tests.programs import named_by_user
 
 ROOT = Path(__file__).resolve().parents[1]
 HOSTILE = '<img src=x onerror=alert(1)>&"'
@@ -43,14 +44,6 @@ def problem():
 def comparison(problem):
   return compare(*problem[:1], *problem[1])
 
-
-def _hostile_problem():
-  def block(x, w):
-    h = rx.checkpoint_name(jnp.sin(x @ w), HOSTILE)
-    return jnp.sum(jnp.cos(h) * x)
-  x = jax.random.normal(jax.random.key(1), (8, 8))
-  w = jax.random.normal(jax.random.key(2), (8, 8))
-  return rx.checkpoint(block, policy=rx.checkpoint_policies.save_only_these_names(HOSTILE)), (x, w)
 
 
 # -- charts -----------------------------------------------------------------------
@@ -283,7 +276,7 @@ def test_jaxpr_listing_marks_the_residuals():
 
 
 def test_user_names_are_escaped_everywhere():
-  f, args = _hostile_problem()
+  f, args = named_by_user(HOSTILE)
   report = analyze(f, *args)
   assert any(r.name == HOSTILE for r in report.residuals)
   for html in (viz.residual_table_html(report), viz.report_jaxprs_html(report),
