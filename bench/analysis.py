@@ -15,8 +15,12 @@
    point against every built-in policy's.
 4. The memory timeline's peak against XLA's allocation (arguments + outputs
    + temporaries - aliases) for every example model under every policy.
+5. The analysis compile (``analysis_compiler_options``): for every example
+   model x built-in policy x lowering, whether every figure equals a full
+   compile's, and its compile time over the full compile's.
 
     .venv/bin/python bench/analysis.py [--layers 24] [--compare-layers 4]
+        [--sections analyze compare search timeline analysis-compile]
 """
 
 from __future__ import annotations
@@ -186,18 +190,56 @@ def bench_timeline_peaks() -> None:
   print(f'  largest error: {worst:.2%} (target within 1%)')
 
 
+def bench_analysis_compile() -> None:
+  from remat_explorer.analysis import LOWERINGS
+  print('analysis compile against a full compile (every figure, compile time):')
+  ratios, differing, cases = [], [], 0
+  for name in sorted(examples.MODELS):
+    loss_fn, args = examples.build(name)
+    policies = builtin_policies(analyze(loss_fn, *args).names_in_program)
+    for label, policy in policies.items():
+      for lowering in LOWERINGS:
+        clear_caches()
+        quick = compile_costs(loss_fn, *args, policy=policy, lowering=lowering)
+        full = compile_costs(loss_fn, *args, policy=policy, lowering=lowering,
+                             compiler_options={})
+        cases += 1
+        same = all(getattr(quick, f) == getattr(full, f) for f in (
+            'memory_analysis', 'cost_analysis', 'buffer_assignment_proto',
+            'temp_bytes', 'peak_memory_bytes', 'xla_flops')) and (
+            quick.timeline.to_dict() == full.timeline.to_dict())
+        if not same:
+          differing.append(f'{name} / {label} / {lowering}')
+        ratios.append(quick.compile_seconds / full.compile_seconds)
+  print(f'  {cases} cases, {cases - len(differing)} identical'
+        + (f'; differing: {", ".join(differing)}' if differing else ''))
+  print(f'  compile time, analysis over full: median {statistics.median(ratios):.2f}, '
+        f'range {min(ratios):.2f}-{max(ratios):.2f}')
+
+
+SECTIONS = ('analyze', 'compare', 'search', 'timeline', 'analysis-compile')
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument('--layers', type=int, default=24)
   parser.add_argument('--compare-layers', type=int, default=4)
   parser.add_argument('--budgets', type=float, nargs='*', default=[0.25, 0.5, 0.75])
   parser.add_argument('--repeats', type=int, default=3)
+  parser.add_argument('--sections', nargs='*', choices=SECTIONS, default=SECTIONS)
   args = parser.parse_args()
   print(f'device: {jax.devices()[0].device_kind} ({jax.devices()[0].platform})')
-  bench_analyze(args.layers)
-  bench_compare(args.compare_layers, args.repeats)
-  bench_search(args.compare_layers, args.budgets)
-  bench_timeline_peaks()
+  run = set(args.sections)
+  if 'analyze' in run:
+    bench_analyze(args.layers)
+  if 'compare' in run:
+    bench_compare(args.compare_layers, args.repeats)
+  if 'search' in run:
+    bench_search(args.compare_layers, args.budgets)
+  if 'timeline' in run:
+    bench_timeline_peaks()
+  if 'analysis-compile' in run:
+    bench_analysis_compile()
 
 
 if __name__ == '__main__':

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import numbers as numbers_module
 import re
 import statistics
@@ -86,6 +87,12 @@ class CompiledCosts:
   three above, e.g. ``'bytes accessed0{}'`` (bytes read from operand 0),
   ``'bytes accessedout{}'``, ``'utilization0{}'``, ``'optimal_seconds'``,
   as the backend reports them."""
+  analysis_compile: bool = False
+  """True when the figures come from an analysis compile (XLA's HLO passes,
+  buffer assignment and schedule as usual, backend code generation at its
+  lowest optimization level; see ``analysis_compiler_options``): every
+  figure equals a full compile's, in less time. Run times always come from a
+  full compile."""
   lower_seconds: float | None = None
   compile_seconds: float | None = None
   run_seconds: float | None = None
@@ -153,6 +160,21 @@ class CompiledCosts:
 
 
 _cache = ResultCache(max_entries=32)
+
+# What an analysis compile changes, by platform. On the CPU, the backend's
+# optimization level only affects the machine code LLVM makes from the
+# optimized HLO: the HLO, its schedule, the buffer assignment and so every
+# figure read here are those of a full compile (checked field by field in
+# tests/test_analysis_compile.py), in about two thirds of the time. Other
+# platforms compile as usual until the same check has been made there.
+_ANALYSIS_OPTIONS = {'cpu': {'xla_backend_optimization_level': 0}}
+
+
+def analysis_compiler_options(platform: str) -> dict | None:
+  """Compiler options for a compile whose figures are read but which is
+  not run, on `platform`; None where a full compile is made."""
+  options = _ANALYSIS_OPTIONS.get(platform)
+  return None if options is None else dict(options)
 """(costs, executable) by problem and setting: the executable is kept to time
 its runs when asked, without compiling again."""
 
@@ -185,8 +207,10 @@ def compile_costs(f, *args, policy: PolicyChoice = None, lowering: str | None = 
                            allow_empty=True)
   if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 0:
     raise ValueError(f'repeats must be an int >= 0 (runs to time), got {repeats!r}.')
-  key = problem.cache_key(policy, lowering, donate,
-                          tuple(sorted((compiler_options or {}).items())))
+  # No options (an analysis compile) differs from empty ones (a full one).
+  options_key = (None if compiler_options is None
+                 else tuple(sorted(compiler_options.items())))
+  key = problem.cache_key(policy, lowering, donate, options_key)
   entry = _cache.get(key)
   if entry is None:
     program, blocks, notes = problem.program_with_blocks(policy, lowering)
@@ -196,18 +220,18 @@ def compile_costs(f, *args, policy: PolicyChoice = None, lowering: str | None = 
         function=problem.name, policy=policy_label(policy, blocks),
         lowering=lowering or ', '.join(sorted({b.lowering for b in blocks})),
         donate_argnums=problem.traced_positions(donate),
-        compiler_options=compiler_options,
+        compiler_options=compiler_options, for_running=repeats > 0,
         placement=find_placement(problem.leaves, program), notes=notes)
     _cache.put(key, entry)
-  costs, compiled = entry
+  costs, runnable = entry
   if not repeats or costs.failed:
     return costs
-  # Timed once per number of runs, with the executable compiled above: the
-  # compile (which `compare` may run beside others) is not repeated.
+  # Timed once per number of runs, with the executable compiled above (in
+  # full, on first use, where the figures came from an analysis compile).
   timed_key = None if key is None else (key, repeats)
   timed = _timed.get(timed_key)
   if timed is None:
-    timed = with_run_times(costs, compiled, problem.leaves, repeats,
+    timed = with_run_times(costs, runnable(), problem.leaves, repeats,
                            problem.traced_positions(donate))
     _timed.put(timed_key, timed)
   return timed
@@ -265,33 +289,42 @@ def measure(step, leaves, *, function, policy, lowering, donate_argnums=(),
             notes=()) -> CompiledCosts:
   """Compile `step` at `leaves` and read XLA's figures; with `repeats`,
   also time its runs."""
-  costs, compiled = compile_step(
+  costs, runnable = compile_step(
       step, leaves, function=function, policy=policy, lowering=lowering,
       donate_argnums=donate_argnums, compiler_options=compiler_options,
-      placement=placement, notes=notes)
+      placement=placement, notes=notes, for_running=repeats > 0)
   if repeats and not costs.failed:
-    costs = with_run_times(costs, compiled, leaves, repeats, donate_argnums)
+    costs = with_run_times(costs, runnable(), leaves, repeats, donate_argnums)
   return costs
 
 
 def compile_step(step, leaves, *, function, policy, lowering, donate_argnums=(),
-                 compiler_options=None, placement=None, notes=()):
-  """(CompiledCosts, the executable or None if XLA refused it)."""
+                 compiler_options=None, placement=None, notes=(),
+                 for_running=False):
+  """(CompiledCosts, `runnable`): ``runnable()`` gives an executable to run
+  (None if XLA refused the program). Unless `for_running` or the caller
+  gives its own `compiler_options`, the figures come from an analysis
+  compile, and ``runnable()`` compiles in full on its first call."""
   device = jax.devices()[0]
   common = dict(function=function, policy=policy, lowering=lowering,
                 platform=device.platform, device_kind=device.device_kind)
+  options = compiler_options
+  if options is None and not for_running:
+    options = analysis_compiler_options(device.platform)
+  analysis = compiler_options is None and options is not None
   start = time.perf_counter()
   lowered = jax.jit(step, donate_argnums=donate_argnums).lower(*leaves)
   lower_seconds = time.perf_counter() - start
   start = time.perf_counter()
   note_compile()
   try:
-    compiled = lowered.compile(compiler_options)
+    compiled = lowered.compile(options)
   except Exception as e:  # XLA's errors (out of memory, bad options, ...)
     if not _is_xla_error(e):
       raise
     return CompiledCosts(**common, failed=True, error=f'{type(e).__name__}: {e}',
-                         lower_seconds=lower_seconds, notes=tuple(notes)), None
+                         lower_seconds=lower_seconds,
+                         notes=tuple(notes)), lambda: None
   compile_seconds = time.perf_counter() - start
   memory = compiled.memory_analysis()
   memory_numbers, buffer_assignment = _memory_analysis_fields(memory)
@@ -324,12 +357,20 @@ def compile_step(step, leaves, *, function, policy, lowering, donate_argnums=(),
       memory_analysis=memory_numbers, buffer_assignment_proto=buffer_assignment,
       xla_flops=cost.get('flops'), bytes_accessed=cost.get('bytes accessed'),
       transcendentals=cost.get('transcendentals'), cost_analysis=cost,
+      analysis_compile=analysis,
       lower_seconds=lower_seconds, compile_seconds=compile_seconds,
       lowered_matmuls=count_matmuls_lowered(lowered.as_text()),
       compiled_matmuls=count_matmuls_compiled(hlo),
       timeline=timeline, notes=tuple(notes), num_devices=devices.num_devices,
       mesh_shape=devices.mesh_shape, collectives=collectives)
-  return costs, compiled
+  if not analysis:
+    return costs, lambda: compiled
+
+  @functools.cache
+  def runnable():
+    note_compile()
+    return lowered.compile()
+  return costs, runnable
 
 
 def with_run_times(costs: CompiledCosts, compiled, leaves, repeats: int,

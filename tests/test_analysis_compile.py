@@ -1,0 +1,94 @@
+"""The analysis compile: figures read from a compile that skips the backend's
+optimization equal a full compile's, field by field; runs are timed on a
+full compile."""
+
+import dataclasses
+
+import jax
+import pytest
+
+from remat_explorer import examples
+from remat_explorer.analysis import LOWERINGS, compile_costs
+from remat_explorer.analysis.compare import builtin_policies
+from remat_explorer.analysis.compiled import analysis_compiler_options
+from remat_explorer.analysis.context import compiles_run
+
+# Small sizes: each case compiles the same step twice.
+SIZES = {
+    'mlp': dict(num_layers=3, width=32, batch=8),
+    'transformer': dict(num_layers=2, d_model=32, num_heads=2, seq_len=16, batch=2),
+    'transformer_scan': dict(num_layers=2, d_model=32, num_heads=2, seq_len=16,
+                             batch=2, use_scan=True),
+    'convnet': dict(num_blocks=2, channels=4, image_size=8, batch=2),
+}
+NAMES = {'mlp': examples.MLP_NAMES, 'transformer': examples.TRANSFORMER_NAMES,
+         'transformer_scan': examples.TRANSFORMER_NAMES,
+         'convnet': examples.CONVNET_NAMES}
+# Everything but how long it took and how it was compiled.
+_NOT_FIGURES = {'lower_seconds', 'compile_seconds', 'analysis_compile', 'notes'}
+
+
+def _build(model, seed):
+  builder = 'transformer' if model == 'transformer_scan' else model
+  return examples.build(builder, seed=seed, **SIZES[model])
+
+
+def _figures(costs):
+  out = {f.name: getattr(costs, f.name) for f in dataclasses.fields(costs)
+         if f.name not in _NOT_FIGURES}
+  out['timeline'] = costs.timeline.to_dict()
+  return out
+
+
+def _cases():
+  # A representative set: bench/analysis.py checks every example model x
+  # built-in policy x lowering.
+  yield 'mlp', 'everything_saveable', None
+  yield 'transformer_scan', 'nothing_saveable', None
+  yield 'transformer_scan', 'dots_saveable', 'cond'
+  yield 'convnet', 'dots_with_no_batch_dims_saveable', None
+  for lowering in LOWERINGS:
+    yield 'transformer', 'nothing_saveable', lowering
+
+
+@pytest.mark.skipif(analysis_compiler_options(jax.devices()[0].platform) is None,
+                    reason='this platform compiles in full for the figures too')
+@pytest.mark.parametrize('model,policy,lowering', list(_cases()),
+                         ids=lambda v: str(v))
+def test_analysis_compile_gives_a_full_compiles_figures(model, policy, lowering):
+  loss, args = _build(model, seed=len(policy) + len(model))
+  chosen = builtin_policies(NAMES[model])[policy]
+  analysed = compile_costs(loss, *args, policy=chosen, lowering=lowering)
+  full = compile_costs(loss, *args, policy=chosen, lowering=lowering,
+                       compiler_options={})
+  assert analysed.analysis_compile and not full.analysis_compile
+  assert not analysed.failed and not full.failed
+  assert _figures(analysed) == _figures(full)
+  assert analysed.buffer_assignment_proto == full.buffer_assignment_proto
+  assert analysed.memory_analysis == full.memory_analysis
+  assert analysed.cost_analysis == full.cost_analysis
+
+
+def test_runs_are_timed_on_a_full_compile():
+  loss, args = _build('mlp', seed=3)
+  figures_only = compile_costs(loss, *args, policy=None, lowering='cond')
+  before = compiles_run()
+  timed = compile_costs(loss, *args, policy=None, lowering='cond', repeats=2)
+  # One more compile, the full one that runs; the figures stay the cached
+  # analysis compile's (equal to a full compile's, as checked above).
+  assert compiles_run() == before + 1
+  assert timed.run_seconds is not None and timed.run_seconds > 0
+  assert _figures(dataclasses.replace(timed, run_seconds=None,
+                                      measured_peak_bytes=None)) == _figures(figures_only)
+  # Asked with runs from the start, the only compile is a full one.
+  loss2, args2 = _build('mlp', seed=4)
+  before = compiles_run()
+  direct = compile_costs(loss2, *args2, repeats=1)
+  assert compiles_run() == before + 1
+  assert not direct.analysis_compile and direct.run_seconds is not None
+
+
+def test_the_options_given_are_a_copy():
+  options = analysis_compiler_options('cpu')
+  options['xla_backend_optimization_level'] = 3
+  assert analysis_compiler_options('cpu') == {'xla_backend_optimization_level': 0}
