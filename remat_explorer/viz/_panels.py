@@ -45,10 +45,15 @@ def progress_html(tasks) -> str:
   """A line per running task (``_work.Task``): a determinate ``<progress>``
   where its number of steps is known, an indeterminate one (no value: the
   browser animates it) where it is not, e.g. a single compile or a search
-  that decides as it goes how many compiles it needs."""
+  that decides as it goes how many compiles it needs; none for a task that
+  waits for another."""
   lines = []
   for t in tasks:
     text = html_text(t.label + (f': {t.step}' if t.step else ''))
+    if t.waiting:  # no bar: nothing runs yet
+      lines.append(f'<div class="remat-task"><span>{text}: next, once the '
+                   'one under way ends</span></div>')
+      continue
     if t.total:
       bar = f'<progress value="{min(t.done, t.total)}" max="{t.total}"></progress>'
       text += f' ({t.done}/{t.total})'

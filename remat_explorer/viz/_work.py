@@ -13,6 +13,14 @@ script, a test), by the waiting thread itself.
 Work started by applied results (a search selects its policy, which starts
 a compile) is counted before the work that started it is counted done, so
 ``wait`` returns only once nothing is left.
+
+Superseded work is not done. Work of a *group* (the costs view's compile,
+the comparison) runs one at a time: while one runs, a newer request waits,
+and a still newer one replaces it, so that a user stepping through five
+policies compiles the first and the last, not five. A request equal to the
+running or waiting one (its *key*: a double click) joins it instead of
+queueing a copy. A compile under way cannot be interrupted (XLA offers no
+way); ``stop`` drops what waits and the results of what runs.
 """
 
 from __future__ import annotations
@@ -22,8 +30,8 @@ import contextlib
 import itertools
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable
 
 
 @dataclass
@@ -35,6 +43,8 @@ class Task:
   """Steps done and in all, where they are known up front; else None."""
   step: str = ''
   """What it is doing now, e.g. the policy it compiles."""
+  waiting: bool = False
+  """Queued behind its group's running task."""
 
 
 def _kernel_loop():
@@ -65,40 +75,79 @@ class Work:
     self._main = threading.current_thread()
     self._queue: collections.deque[Callable[[], None]] = collections.deque()
     self._changed = threading.Condition()
-    self._ids = itertools.count()
     self.tasks: dict[int, Task] = {}
-    """Running tasks by id; changed on the main thread only."""
+    """Running and waiting tasks by id; changed on the main thread only."""
+    self._groups: dict[str, _Group] = {}
+    self._stopped = False
 
   def start(self, label: str, compute: Callable[[Callable], Any],
             apply: Callable[[Any], None],
-            failed: Callable[[Exception], None] | None = None) -> None:
+            failed: Callable[[Exception], None] | None = None, *,
+            group: str | None = None, key: Hashable = None) -> None:
     """Start `compute(progress)` on a worker; `apply(result)` follows on the
     main thread, or `failed(exception)` (default: `on_error`) if it raised.
     `progress(done, total, step)` updates the task's status (total None
-    where the number of steps is not known)."""
-    failed = failed or self._on_error
-    task_id = next(self._ids)
+    where the number of steps is not known). With a `group`, it waits for
+    the group's running task and replaces the group's waiting one; a `key`
+    equal to theirs joins that task (its result goes to this `apply`)."""
+    if self._stopped:
+      return
+    job = _Job(label, compute, apply, failed or self._on_error, key)
+    if group is None:
+      self._launch(job)
+      return
+    queue = self._groups.setdefault(group, _Group())
+    for same in (queue.running, queue.waiting):
+      if same is not None and key is not None and same.key == key:
+        same.apply, same.failed = job.apply, job.failed
+        return
+    if queue.running is None:
+      queue.running = job
+      self._launch(job, group)
+      return
+    if queue.waiting is not None:  # superseded before it ever ran
+      self._drop(queue.waiting.id)
+    queue.waiting = job
     with self._changed:
-      self.tasks[task_id] = Task(label)
+      self.tasks[job.id] = Task(label, waiting=True)
+    self._on_tasks(self.running())
+
+  def stop(self) -> None:
+    """Drop waiting work and the results of running work (their threads
+    end when their compiles do); on the main thread."""
+    self._stopped = True
+    self._groups.clear()
+    with self._changed:
+      self.tasks.clear()
+      self._queue.clear()
+      self._changed.notify_all()
+    self._on_tasks(self.running())
+
+  def _launch(self, job: '_Job', group: str | None = None) -> None:
+    with self._changed:
+      self.tasks[job.id] = Task(job.label)
     self._on_tasks(self.running())
 
     def progress(done, total, step):
-      self.post(lambda: self._set_task(task_id, Task(label, done, total, step)))
+      self.post(lambda: self._set_task(job.id, Task(job.label, done, total, step)))
 
     def run():
       try:
         with self._context():
-          result = compute(progress)
+          result = job.compute(progress)
       except Exception as e:  # shown in the widget
         # `e` itself is unbound once the except clause ends; the callback
         # runs later, so it keeps its own reference.
         error = e
-        self.post(lambda: failed(error))
+        self.post(lambda: job.failed(error))
       else:
-        self.post(lambda: apply(result))
+        # The apply is read when it runs: a request that joined this job
+        # has replaced it by then.
+        self.post(lambda: job.apply(result))
       finally:
-        self.post(lambda: self._finish(task_id))
-    threading.Thread(target=run, daemon=True, name=f'remat-explorer: {label}').start()
+        self.post(lambda: self._finish(job.id, group))
+    threading.Thread(target=run, daemon=True,
+                     name=f'remat-explorer: {job.label}').start()
 
   def running(self) -> list[Task]:
     return list(self.tasks.values())
@@ -106,6 +155,8 @@ class Work:
   def post(self, callback: Callable[[], None]) -> None:
     """Queue `callback` for the main thread (from any thread)."""
     with self._changed:
+      if self._stopped:
+        return
       self._queue.append(callback)
       self._changed.notify_all()
     if self._loop is not None:
@@ -150,8 +201,35 @@ class Work:
       self.tasks[task_id] = task
       self._on_tasks(self.running())
 
-  def _finish(self, task_id: int) -> None:
+  def _finish(self, task_id: int, group: str | None) -> None:
+    queue = self._groups.get(group)
+    if queue is not None:  # the group's waiting job runs next
+      queue.running, queue.waiting = queue.waiting, None
+      if queue.running is not None:
+        self._launch(queue.running, group)
+    self._drop(task_id)
+
+  def _drop(self, task_id: int) -> None:
     with self._changed:
       self.tasks.pop(task_id, None)
       self._changed.notify_all()
     self._on_tasks(self.running())
+
+
+_job_ids = itertools.count()
+
+
+@dataclass(eq=False)
+class _Job:
+  label: str
+  compute: Callable[[Callable], Any]
+  apply: Callable[[Any], None]
+  failed: Callable[[Exception], None]
+  key: Hashable
+  id: int = field(default_factory=lambda: next(_job_ids))
+
+
+@dataclass
+class _Group:
+  running: _Job | None = None
+  waiting: _Job | None = None

@@ -11,6 +11,7 @@ previous views stay.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 
 import jax
@@ -60,6 +61,33 @@ def explore(f, *args, argnums=0, **kwargs):
     first = next(iter(layouts.values())) if layouts else f
     return StaticView(analyze(first, *args, argnums=argnums, **kwargs))
   return Explorer(f, *args, argnums=argnums, **kwargs)
+
+
+# The Explorer each notebook cell made last: running the cell again stops
+# the earlier one's work, which nothing shows any more.
+_by_cell: dict[str, weakref.ref] = {}
+
+
+def _current_cell() -> str | None:
+  """The id of the notebook cell being run (JupyterLab and Notebook send
+  it with each execution), or None outside a notebook."""
+  try:
+    from IPython import get_ipython
+    parent = get_ipython().kernel.get_parent('shell')
+  except (ImportError, AttributeError, TypeError):  # no kernel, or an old one
+    return None
+  return ((parent or {}).get('metadata') or {}).get('cellId')
+
+
+def _replace_in_cell(explorer) -> None:
+  cell = _current_cell()
+  if cell is None:
+    return
+  earlier = _by_cell.get(cell)
+  earlier = earlier() if earlier is not None else None
+  if earlier is not None and earlier is not explorer:
+    earlier.stop()
+  _by_cell[cell] = weakref.ref(explorer)
 
 
 def _layouts(f) -> dict | None:
@@ -119,6 +147,7 @@ class Explorer:
     self._settings = TraceSettings.current()
     self._work = Work(on_tasks=self._show_tasks, on_error=self._show_error,
                       context=self._settings.entered)
+    _replace_in_cell(self)
     first = self._first_analysis()
     self.names = first.names_in_program if first else ()
     # The program as written comes first, and opens: the policies the
@@ -259,10 +288,14 @@ class Explorer:
     fn, policy, lowering = self.f, self.current_policy(), self.lowering.value
     label = f'{self.layout.value} · {self.policy.value}' if self.layouts else self.policy.value
     self.costs_tab.add_class(STALE)
+    # A newer choice replaces a compile that has not started; the same
+    # choice again joins the one under way.
+    names = tuple(self.names_select.value) if self.policy.value == _NAMED else ()
     self._work.start(f'compiling under {label} · lowering {lowering}',
                      lambda _: self._costs_html(fn, label, policy, lowering, report),
                      lambda html: self._show_costs(generation, html),
-                     lambda e: self._costs_failed(generation, e))
+                     lambda e: self._costs_failed(generation, e),
+                     group='costs', key=(label, names, lowering))
 
   def _render_analysis(self, report) -> None:
     diagram = render_diagram(split_graph(report, block=self.current_block(),
@@ -327,7 +360,8 @@ class Explorer:
       self._set_pareto_options([r.label for r in self.comparison.rows if not r.failed])
     what = 'layouts' if self.layouts else 'policies'
     self._work.start(f'comparing {what} · lowering {lowering}', run, show,
-                     self._comparison_failed)
+                     self._comparison_failed, group='comparison',
+                     key=(lowering, tuple(policies or ()), selected, id(searched)))
 
   def _redraw_comparison(self) -> None:
     comparison, searched = self.comparison, self.search_result
@@ -436,6 +470,12 @@ class Explorer:
       self.diagram.svg = diagram.svg
 
   # -- plumbing --------------------------------------------------------------------
+
+  def stop(self) -> None:
+    """Stop this Explorer's background work: what waits is dropped, what
+    runs ends unseen (a compile under way finishes on its thread). Running
+    the cell that made it again does this."""
+    self._work.stop()
 
   def wait(self, timeout: float | None = None) -> None:
     """Block until all background work (compiles, the comparison, a search
