@@ -25,7 +25,7 @@ from remat_explorer.analysis.layouts import scan_layouts
 from remat_explorer.analysis.policy_info import NO_REMAT, describe_policy
 from remat_explorer.analysis.policy_text import parse_policy
 from remat_explorer.analysis.report import RematReport, plain_data
-from remat_explorer.engine.policies import checkpoint_policies
+from remat_explorer.engine import checkpoint_policies
 
 FLOPS_USED_BY_CHARTS = 'jaxpr'
 """Charts plot the jaxpr-derived FLOPs, which apply loop trip counts."""

@@ -23,16 +23,14 @@ import numbers
 from collections.abc import Mapping, Sequence
 
 import jax
+from jax.extend import core
 import numpy as np
 
 from remat_explorer.analysis.origins import display_name, user_frames
 from remat_explorer.analysis.program import NO_REMAT, check_block_names, find_blocks
 from remat_explorer.analysis.sharding import check_one_device_set
-from remat_explorer.engine import _jax_internals as jx
-from remat_explorer.engine.api import checkpoint
-from remat_explorer.engine.lowering import enclosing_strategy
+from remat_explorer.engine import checkpoint, debug_info_of, enclosing_strategy
 
-core = jx.core
 
 _TRACED = (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct)
 
@@ -94,7 +92,7 @@ class Problem:
           'arguments that hold the parameters; a Python number is held as a '
           'constant, as eqx.filter_jit does: pass jnp.asarray(x) to '
           'differentiate it.')
-    dbg = jx.api_util.debug_info(caller, f, args, kwargs)
+    dbg = debug_info_of(caller, f, args, kwargs)
     names = tuple(dbg.arg_names or ('',) * len(leaves))
     if len(names) != len(leaves):
       names = ('',) * len(leaves)

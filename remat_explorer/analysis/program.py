@@ -15,13 +15,11 @@ from typing import Any, Callable, Mapping
 
 from remat_explorer.analysis.origins import entry_function, user_site
 from remat_explorer.analysis.policy_info import NO_REMAT, describe_policy
-from remat_explorer.engine import _jax_internals as jx
-from remat_explorer.engine.lowering import (DEFAULT_STRATEGY, STRATEGIES, check_strategy,
-                                           current_strategy)
-from remat_explorer.engine.primitive import checkpoint_p
-from remat_explorer.engine.refs import DEFAULT_REF_EFFECTS
+from jax.extend import core
 
-core = jx.core
+from remat_explorer.engine import (DEFAULT_REF_EFFECTS, DEFAULT_STRATEGY, STRATEGIES,
+                                   check_strategy, checkpoint_p, closed_call_p,
+                                   current_strategy, jax_checkpoint_p)
 
 PolicyChoice = Callable[..., Any] | Mapping[str, Callable[..., Any]] | None
 
@@ -145,7 +143,7 @@ class _Walker:
     return rewritten
 
   def _rewrite_eqn(self, eqn, path, trip_count, parent, site):
-    if eqn.primitive is checkpoint_p or eqn.primitive is jx.jax_remat_p:
+    if eqn.primitive is checkpoint_p or eqn.primitive is jax_checkpoint_p:
       return self._rewrite_block(eqn, path, trip_count, parent, site)
     if eqn.primitive.name.startswith('custom_'):
       return eqn  # its rules are user code over the original body
@@ -188,7 +186,7 @@ class _Walker:
         parent=parent)
     if policy is NO_REMAT:
       return core.new_jaxpr_eqn(
-          eqn.invars, eqn.outvars, jx.closed_call_p,
+          eqn.invars, eqn.outvars, closed_call_p,
           dict(call_jaxpr=core.ClosedJaxpr(body, [])), eqn.effects,
           eqn.source_info, eqn.ctx)
     return core.new_jaxpr_eqn(eqn.invars, eqn.outvars, checkpoint_p, params,

@@ -27,6 +27,7 @@ import logging
 import threading
 
 from remat_explorer.engine import _jax_internals as jx
+from remat_explorer.engine.introspect import RECOMPUTE_SCOPE
 from remat_explorer.engine.lowering import DEFAULT_STRATEGY, lower_checkpoint
 from remat_explorer.engine.refs import DEFAULT_REF_EFFECTS
 from remat_explorer.engine.residuals import log_residuals
@@ -369,7 +370,7 @@ def _transposed_jaxpr(closed_jaxpr, in_linear, out_zeros):
 
   def nonzero_input_cts(*inputs):
     nonlinear_args, nonzero_out_cts = inputs[:num_nonlinear], inputs[num_nonlinear:]
-    with jx.source_info_util.extend_name_stack('rematted_computation'):
+    with jx.source_info_util.extend_name_stack(RECOMPUTE_SCOPE):
       recomputed = core.jaxpr_as_fun(recompute)(*nonlinear_args)
     out_cts = _with_symbolic_zeros(nonzero_out_cts, out_zeros, ct_avals)
     in_cts = _backward_pass(linear, recomputed, out_cts)
