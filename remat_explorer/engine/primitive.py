@@ -92,7 +92,7 @@ def _impl(*args, jaxpr, **params):
 @checkpoint_p.def_effectful_abstract_eval
 def _abstract_eval(*args, jaxpr, **params):
   del args, params
-  return [v.aval for v in jaxpr.outvars], core.positional_effects(jaxpr)
+  return [v.aval for v in jaxpr.outvars], jx.positional_effects(jaxpr)
 
 
 # -- JVP ----------------------------------------------------------------------
@@ -159,7 +159,7 @@ def _stage(trace, jaxpr, params, in_tracers):
                  for v in jaxpr.outvars]
   recipe = pe.new_eqn_recipe(
       trace, in_tracers, out_tracers, checkpoint_p, params,
-      core.positional_effects(jaxpr), jx.source_info_util.current())
+      jx.positional_effects(jaxpr), jx.source_info_util.current())
   for t in out_tracers:
     t.recipe = recipe
   return out_tracers
@@ -381,7 +381,7 @@ def _transposed_jaxpr(closed_jaxpr, in_linear, out_zeros):
       [a for a, lin in zip(closed_jaxpr.in_avals, in_linear) if not lin]
       + [a for a, zero in zip(ct_avals, out_zeros) if not zero])
   traced, _ = pe.trace_to_jaxpr(
-      nonzero_input_cts, jx.FlatTree.flatten((tuple(input_avals), {})),
+      nonzero_input_cts, jx.flat_tree((tuple(input_avals), {})),
       closed_jaxpr.jaxpr.debug_info.with_unknown_names())
   return traced, list(zero_input_cts)
 
@@ -459,7 +459,7 @@ def _pruned(eqn, body, used_inputs, used_outputs):
   prevent_cse = _derived_prevent_cse(eqn.params['prevent_cse'], keep=used_inputs)
   params = dict(eqn.params, jaxpr=body, prevent_cse=prevent_cse)
   return pe.new_jaxpr_eqn(invars, outvars, checkpoint_p, params,
-                          core.eqn_effects(body, invars), eqn.source_info, eqn.ctx)
+                          jx.equation_effects(body, invars), eqn.source_info, eqn.ctx)
 
 pe.dce_rules[checkpoint_p] = _dce
 
