@@ -30,11 +30,13 @@ from jax.extend import core
 from remat_explorer.analysis import flops as flop_count
 from remat_explorer.analysis import sharding
 from remat_explorer.analysis.cache import ResultCache
+from remat_explorer.analysis.keywords import check_keywords
 from remat_explorer.analysis.origins import (ModulePaths, call_body, module_of_parameter,
                                              user_site)
 from remat_explorer.analysis.producers import trace_producer
 from remat_explorer.analysis.problem import Problem
-from remat_explorer.analysis.program import (BlockSite, PolicyChoice, describe_policy,
+from remat_explorer.analysis.program import (BlockSite, PolicyChoice, built_policy_choice,
+                                             describe_policy,
                                              policy_label)
 from remat_explorer.analysis.report import (
     BlockReport, EquationCost, RecomputedEquation, RematReport, Residual, aval_bytes)
@@ -80,6 +82,9 @@ def analyze(f, *args, policy: PolicyChoice = None, lowering: str | None = None,
   Reports are cached (``clear_caches()`` forgets them), keyed on everything
   that changes them, the enclosing ``lowering_strategy`` included.
   """
+  check_keywords(analyze, f, kwargs, policy=policy, lowering=lowering, argnums=argnums,
+                 has_aux=has_aux, whole_function=whole_function)
+  policy = built_policy_choice(policy)
   problem = Problem.make(f, args, kwargs, argnums, has_aux=has_aux,
                          whole_function=whole_function)
   key = problem.cache_key(policy, lowering)

@@ -120,6 +120,7 @@ class Problem:
         loss_leaves, aux_leaves = jax.tree_util.tree_leaves(loss), jax.tree_util.tree_leaves(aux)
       else:
         loss_leaves, aux_leaves = jax.tree_util.tree_leaves(out), []
+        _refuse_python_numbers(self.name, out)
       self.num_outputs = len(loss_leaves)
       self._output = out
       return [*loss_leaves, *aux_leaves]
@@ -312,6 +313,19 @@ def _unspecified(sharding) -> bool:
 
 
 # -- small helpers ----------------------------------------------------------------------
+
+def _refuse_python_numbers(name: str, out) -> None:
+  """A Python number among the outputs is no array to differentiate: most
+  often auxiliary data returned without has_aux=True."""
+  paths = [(path, leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(out)
+           if isinstance(leaf, numbers.Number) and not isinstance(leaf, (jax.Array, np.generic))]
+  if paths:
+    path, leaf = paths[0]
+    raise TypeError(
+        f'{name!r} returned the Python {type(leaf).__name__} {leaf!r} at output'
+        f'{jax.tree_util.keystr(path)}, which cannot be differentiated; if it is '
+        'auxiliary data, pass has_aux=True (as with jax.value_and_grad).')
+
 
 def function_name(f) -> str:
   """The name a user knows `f` by (a ``functools.partial``'s function's)."""

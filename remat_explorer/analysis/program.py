@@ -13,10 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from remat_explorer.analysis.origins import entry_function, user_site
-from remat_explorer.analysis.policy_info import NO_REMAT, describe_policy
 from jax.extend import core
 
+from remat_explorer.analysis.origins import entry_function, user_site
+from remat_explorer.analysis.policy_info import NO_REMAT, describe_policy
+from remat_explorer.analysis.policy_text import parse_policy
 from remat_explorer.engine import (DEFAULT_REF_EFFECTS, DEFAULT_STRATEGY, STRATEGIES,
                                    check_strategy, checkpoint_p, closed_call_p,
                                    current_strategy, jax_checkpoint_p)
@@ -101,6 +102,24 @@ def check_block_names(policy: PolicyChoice, blocks: list[BlockSite],
   raise ValueError(
       f'policy= names block(s) {missing} that are not in the program; '
       f'{where}. Block names are the names of the checkpointed functions.')
+
+
+def built_policy_choice(policy: PolicyChoice | str) -> PolicyChoice:
+  """`policy` with each policy given by name or expression
+  (``'dots_saveable'``, ``"save_only_these_names('qkv')"``, as ``compare``
+  takes them) built; anything else as it is."""
+  if isinstance(policy, str):
+    return _parsed(policy)
+  if isinstance(policy, Mapping):
+    return {block: _parsed(p) if isinstance(p, str) else p for block, p in policy.items()}
+  return policy
+
+
+def _parsed(text: str):
+  try:
+    return parse_policy(text)
+  except ValueError as e:
+    raise ValueError(f'policy={text!r}: {e}') from None
 
 
 def _check_policy_choice(policy) -> None:

@@ -19,6 +19,7 @@ from remat_explorer.analysis import (DEFAULT_LOWERING, LOWERINGS, NO_REMAT, anal
                                      builtin_policies, compare, compile_costs)
 from remat_explorer.analysis.compare import AS_WRITTEN, AS_WRITTEN_NO_REMAT
 from remat_explorer.analysis.context import TraceSettings
+from remat_explorer.analysis.keywords import check_keywords
 from remat_explorer.viz import _panels
 from remat_explorer.viz._panels import (OUTDATED, STALE, caption_html, error_text,
                                         warnings_html)
@@ -52,6 +53,8 @@ def explore(f, *args, argnums=0, **kwargs):
   It needs ipywidgets and anywidget (the ``[lab]`` extra); outside a
   notebook front end that runs widgets it displays as static HTML.
   """
+  _layouts(f)
+  check_keywords(explore, f, kwargs, argnums=argnums)
   return Explorer(f, *args, argnums=argnums, **kwargs)
 
 
