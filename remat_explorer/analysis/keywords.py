@@ -65,9 +65,13 @@ def _unknown(entry: str, name: str, fn, options, names) -> str:
   entry point's own and the function's first, then other entry points'."""
   own = {option: f'an option of {entry}' for option in options}
   own.update({n: f'an argument of {function_name(fn)}' for n in names})
-  others = {option: f'an option of {other}, not of {entry}'
-            for other in _ENTRY_POINTS if other != entry
-            for option in _options(_entry_point(other))}
+  takers: dict[str, list[str]] = {}
+  for other in _ENTRY_POINTS:
+    if other != entry:
+      for option in _options(_entry_point(other)):
+        takers.setdefault(option, []).append(other)
+  others = {option: f'an option of {" and ".join(names)}, not of {entry}'
+            for option, names in takers.items()}
   hint = ''
   for candidates in (own, others):
     close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
