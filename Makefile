@@ -14,7 +14,7 @@ $(PYTHON):
 
 $(INSTALLED): pyproject.toml | $(PYTHON)
 	$(PYTHON) -m pip install --quiet --upgrade pip
-	$(PYTHON) -m pip install --quiet -e '.[dev]'
+	$(PYTHON) -m pip install --quiet -e '.[dev,lab]'
 	touch $@
 
 # Graphviz's `dot` renders the split diagrams.

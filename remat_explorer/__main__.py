@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import time
 from pathlib import Path
@@ -29,11 +30,38 @@ def _load_problem(args):
       make = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as e:
       raise SystemExit(f'cannot load {args.fn!r}: {e}') from e
-    loss_fn, fn_args = make()
+    if not callable(make):
+      raise SystemExit(f'--fn {args.fn!r} is a {type(make).__name__}, not a function '
+                       'returning (loss_fn, args)')
+    made = make()
+    if not (isinstance(made, (tuple, list)) and len(made) == 2 and callable(made[0])
+            and isinstance(made[1], (tuple, list))):
+      raise SystemExit(f'--fn {args.fn!r} must return (loss_fn, args): a function and a '
+                       f'tuple of its arguments, but returned {_kind(made)}')
+    loss_fn, fn_args = made
     return loss_fn, tuple(fn_args)
   if args.model == 'transformer_scan':
     return examples.transformer(use_scan=True)
   return examples.build(args.model)
+
+
+def _kind(value) -> str:
+  if isinstance(value, (tuple, list)):
+    return f'a {type(value).__name__} of {len(value)}: ({", ".join(type(v).__name__ for v in value)})'
+  return f'a {type(value).__name__}'
+
+
+def _check_writable(out: Path) -> str | None:
+  """Why the report cannot be written to `out`, or None: said before
+  anything compiles, not after."""
+  if out.is_dir():
+    return f'--out {str(out)!r} is a directory; name a file, e.g. {str(out / "report.html")!r}'
+  folder = out.parent if str(out.parent) else Path('.')
+  if not folder.is_dir():
+    return f'--out {str(out)!r}: the folder {str(folder)!r} does not exist'
+  if not os.access(out if out.exists() else folder, os.W_OK):
+    return f'--out {str(out)!r} cannot be written (no permission)'
+  return None
 
 
 def report_main(argv=None) -> int:
@@ -64,6 +92,10 @@ def report_main(argv=None) -> int:
   from remat_explorer.analysis.policy_text import parse_policy
   from remat_explorer.viz.html_report import report_html
 
+  unwritable = _check_writable(args.out)
+  if unwritable:
+    print(unwritable, file=sys.stderr)
+    return 2
   loss_fn, fn_args = _load_problem(args)
   start = time.perf_counter()
   first = analyze(loss_fn, *fn_args, lowering=args.lowering)

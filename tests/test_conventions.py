@@ -1,16 +1,100 @@
-"""The project's structural rules, checked."""
+"""The project's structural rules, checked on every import of the package.
 
-import re
+Imports are read with `ast`, so function-local imports, relative imports,
+`importlib.import_module('...')`, `__import__('...')` and attribute access
+such as `engine._jax_internals` are all seen, not only import lines.
+"""
+
+import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / 'remat_explorer'
+INTERNALS = 'engine/_jax_internals.py'
 
 
-def test_jax_internals_are_imported_in_one_engine_module():
-  importers = sorted(
-      str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob('*.py')
-      if re.search(r'^\s*(from|import)\s+jax\._src', p.read_text(), re.M))
-  assert importers == ['engine/_jax_internals.py']
+def _imports(source: str, module: str):
+  """(imported module, imported name or None, line) for every import in
+  `source`, the source of the module `module` (dotted)."""
+  package = module.rsplit('.', 1)[0]
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, ast.Import):
+      for alias in node.names:
+        yield alias.name, None, node.lineno
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ''
+      if node.level:
+        parent = package.split('.')[:len(package.split('.')) - node.level + 1]
+        base = '.'.join(parent + ([base] if base else []))
+      for alias in node.names:
+        yield base, alias.name, node.lineno
+    elif (isinstance(node, ast.Call) and node.args
+          and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
+          and ((isinstance(node.func, ast.Attribute) and node.func.attr == 'import_module')
+               or (isinstance(node.func, ast.Name)
+                   and node.func.id in ('__import__', 'import_module')))):
+      yield node.args[0].value, None, node.lineno
+    elif isinstance(node, ast.Attribute) and node.attr.startswith('_jax_internals'):
+      yield 'remat_explorer.engine._jax_internals', None, node.lineno
+
+
+def _engine_public_names() -> set[str]:
+  from remat_explorer import engine
+  return set(engine.__all__)
+
+
+def violations(source: str, relative_path: str, public: set[str]) -> list[str]:
+  """What breaks the layering rules in the module at `relative_path`
+  (relative to the package, e.g. 'analysis/graph.py')."""
+  module = 'remat_explorer.' + relative_path.removesuffix('.py').replace('/', '.')
+  in_engine = relative_path.startswith('engine/')
+  found = []
+  for imported, name, line in _imports(source, module):
+    where = f'{relative_path}:{line}'
+    full = f'{imported}.{name}' if name else imported
+    if full == 'jax._src' or full.startswith('jax._src.') or imported.startswith('jax._src'):
+      if relative_path != INTERNALS:
+        found.append(f'{where} imports JAX internals ({full})')
+      continue
+    if in_engine:
+      continue
+    if imported.startswith('remat_explorer.engine.'):
+      found.append(f'{where} imports the engine module {imported} '
+                   '(use remat_explorer.engine)')
+    elif imported == 'remat_explorer.engine' and name is not None and name not in public:
+      found.append(f'{where} imports {name!r}, not on the engine\'s public surface')
+    elif relative_path.startswith('viz/') and (
+        imported == 'remat_explorer.engine' or (imported, name) == ('remat_explorer', 'engine')):
+      found.append(f'{where}: the rendering imports the engine (render analysis data)')
+  return found
+
+
+def test_imports_keep_to_the_layers():
+  public = _engine_public_names()
+  found = []
+  for path in sorted(PACKAGE.rglob('*.py')):
+    found += violations(path.read_text(), str(path.relative_to(PACKAGE)), public)
+  assert found == []
+
+
+def test_the_import_check_sees_every_kind_of_import():
+  public = {'checkpoint'}
+  cases = {
+      'from remat_explorer.engine import _jax_internals as jx': 1,
+      'from remat_explorer.engine import checkpoint': 0,
+      'def f():\n  from remat_explorer.engine.primitive import checkpoint_p': 1,
+      'import importlib\nm = importlib.import_module("remat_explorer.engine._jax_internals")': 1,
+      'm = __import__("jax._src.core")': 1,
+      'from jax._src import core': 1,
+      'from jax import numpy': 0,
+      'from ..engine import split': 1,
+      'from ..engine import checkpoint': 0,
+      'import remat_explorer.engine as e\ne._jax_internals.core': 1,
+  }
+  for source, expected in cases.items():
+    assert len(violations(source, 'analysis/x.py', public)) == expected, source
+  assert violations('from jax._src import core', INTERNALS, public) == []
+  assert len(violations('from remat_explorer.engine import checkpoint',
+                        'viz/x.py', public)) == 1
 
 
 def test_public_api_is_reexported_at_top_level():
@@ -21,10 +105,5 @@ def test_public_api_is_reexported_at_top_level():
                'saved_residuals', 'print_saved_residuals'):
     assert getattr(rx, name) is getattr(engine, name)
   assert set(vars(jax.checkpoint_policies)) == set(vars(rx.checkpoint_policies))
-
-
-def test_viz_renders_analysis_data_and_imports_nothing_from_the_engine():
-  importers = sorted(
-      str(p.relative_to(PACKAGE)) for p in (PACKAGE / 'viz').rglob('*.py')
-      if re.search(r'^\s*(from|import)\s+(remat_explorer\.engine|jax\._src)', p.read_text(), re.M))
-  assert importers == []
+  for name in engine.__all__:
+    assert hasattr(engine, name), name

@@ -25,24 +25,24 @@ import dataclasses
 import os
 
 import jax
+from jax.extend import core
 
 from remat_explorer.analysis import flops as flop_count
 from remat_explorer.analysis import sharding
 from remat_explorer.analysis.cache import ResultCache
+from remat_explorer.analysis.keywords import check_keywords
 from remat_explorer.analysis.origins import (ModulePaths, call_body, module_of_parameter,
                                              user_site)
 from remat_explorer.analysis.producers import trace_producer
 from remat_explorer.analysis.problem import Problem
-from remat_explorer.analysis.program import (BlockSite, PolicyChoice, describe_policy,
+from remat_explorer.analysis.program import (BlockSite, PolicyChoice, built_policy_choice,
+                                             describe_policy,
                                              policy_label)
 from remat_explorer.analysis.report import (
     BlockReport, EquationCost, RecomputedEquation, RematReport, Residual, aval_bytes)
 from remat_explorer.analysis.policy_info import policy_warnings
-from remat_explorer.engine import _jax_internals as jx
-from remat_explorer.engine.primitive import checkpoint_p, observe_splits
-from remat_explorer.engine.residuals import ResidualOrigin, residual_origins
-
-core = jx.core
+from remat_explorer.engine import (ResidualOrigin, checkpoint_p, name_of_named_value,
+                                   observe_splits, reduce_precision_p, residual_origins)
 
 
 def analyze(f, *args, policy: PolicyChoice = None, lowering: str | None = None,
@@ -82,6 +82,9 @@ def analyze(f, *args, policy: PolicyChoice = None, lowering: str | None = None,
   Reports are cached (``clear_caches()`` forgets them), keyed on everything
   that changes them, the enclosing ``lowering_strategy`` included.
   """
+  check_keywords(analyze, f, kwargs, policy=policy, lowering=lowering, argnums=argnums,
+                 has_aux=has_aux, whole_function=whole_function)
+  policy = built_policy_choice(policy)
   problem = Problem.make(f, args, kwargs, argnums, has_aux=has_aux,
                          whole_function=whole_function)
   key = problem.cache_key(policy, lowering)
@@ -226,7 +229,7 @@ def _residual(index, origin, paths, block_of_equation=None, block=None,
   if producer is not None:
     site = producer.site()
     module_path = producer.module_path(paths)
-    name = name or jx.name_of_named_value(producer.eqn)
+    name = name or name_of_named_value(producer.eqn)
     # Inside a body, the primitive that computed it says more than `scan`;
     # at the top, the one that produced the saved copy (a device_put for an
     # offloaded value) is what was saved.
@@ -344,7 +347,7 @@ def _residual_positions(residual_part, split, record) -> dict[int, int]:
   staged jaxpr: the residual outputs in order (a rounded one by the value
   it rounds), then the block inputs the staged jaxpr reads."""
   rounded_from = {id(e.outvars[0]): e.invars[0] for e in residual_part.eqns
-                  if e.primitive is jx.reduce_precision_p}
+                  if e.primitive is reduce_precision_p}
   positions = {}
   for k, out in enumerate(residual_part.outvars):
     positions.setdefault(id(out), k)
@@ -462,7 +465,7 @@ def _recomputed(eqn, index, inside, trips, context, paths) -> RecomputedEquation
       outputs=', '.join(v.aval.str_short(short_dtypes=True) for v in eqn.outvars),
       flops=flop_count.eqn_flops(eqn) * trips,
       source=None if site is None else str(site),
-      name=jx.name_of_named_value(eqn), index=index, inside=inside,
+      name=name_of_named_value(eqn), index=index, inside=inside,
       site=site, module_path=paths.of(eqn) or (paths.of(context) if context else ''))
 
 
@@ -474,7 +477,7 @@ def _equation_costs(closed) -> tuple[EquationCost, ...]:
 def _names_in(jaxpr) -> set[str]:
   names = set()
   for eqn in jaxpr.eqns:
-    name = jx.name_of_named_value(eqn)
+    name = name_of_named_value(eqn)
     if name:
       names.add(name)
     for sub in core.jaxprs_in_params(eqn.params):

@@ -51,11 +51,11 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from remat_explorer.analysis.hlo import HloModule, leaves
+from remat_explorer.engine import in_recompute
 
 KINDS = ('all-gather', 'reduce-scatter', 'all-reduce', 'all-to-all',
          'collective-permute')
 PHASES = ('forward', 'backward', 'recompute', 'unattributed')
-RECOMPUTE_SCOPE = 'rematted_computation'
 
 _TRIP_COUNT = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"(\d+)"')
 # Async wrappers name the computation they run in each of their parts.
@@ -183,7 +183,7 @@ def combined_names(op_name: str) -> list[str]:
 def _phase_of_name(op_name: str) -> str:
   if not op_name:
     return 'unattributed'
-  if RECOMPUTE_SCOPE in op_name:
+  if in_recompute(op_name):
     return 'recompute'
   return 'backward' if 'transpose(' in op_name else 'forward'
 

@@ -21,11 +21,12 @@ from typing import Any, Callable, Mapping, Sequence
 from remat_explorer.analysis.analyze import analyze
 from remat_explorer.analysis.compiled import CompiledCosts, compile_costs
 from remat_explorer.analysis.context import TraceSettings
+from remat_explorer.analysis.keywords import check_keywords
 from remat_explorer.analysis.layouts import scan_layouts
 from remat_explorer.analysis.policy_info import NO_REMAT, describe_policy
 from remat_explorer.analysis.policy_text import parse_policy
 from remat_explorer.analysis.report import RematReport, plain_data
-from remat_explorer.engine.policies import checkpoint_policies
+from remat_explorer.engine import checkpoint_policies
 
 FLOPS_USED_BY_CHARTS = 'jaxpr'
 """Charts plot the jaxpr-derived FLOPs, which apply loop trip counts."""
@@ -157,6 +158,10 @@ def compare(f, *args, policies: Mapping[str, Any] | Sequence | None = None,
   every compile has finished, one row at a time, so that nothing else
   shares the machine while they run.
   """
+  check_keywords(compare, f, kwargs, policies=policies, lowering=lowering, argnums=argnums,
+                 has_aux=has_aux, repeats=repeats, include_no_remat=include_no_remat,
+                 include_as_written=include_as_written, progress=progress,
+                 parallel=parallel)
   common = dict(lowering=lowering, argnums=argnums, has_aux=has_aux, **kwargs)
   if isinstance(f, Mapping):
     jobs = _layout_jobs(f, policies)

@@ -30,8 +30,9 @@ from remat_explorer.analysis.collectives import Collective, collectives_in
 from remat_explorer.analysis.collectives import count as count_collectives
 from remat_explorer.analysis.cache import ResultCache
 from remat_explorer.analysis.context import note_compile
+from remat_explorer.analysis.keywords import check_keywords
 from remat_explorer.analysis.problem import Problem, check_positions
-from remat_explorer.analysis.program import PolicyChoice, policy_label
+from remat_explorer.analysis.program import PolicyChoice, built_policy_choice, policy_label
 from remat_explorer.analysis.sharding import compiled_placement, find_placement
 from remat_explorer.analysis.hlo import parse_hlo
 from remat_explorer.analysis.timeline import MemoryTimeline, memory_timeline
@@ -201,6 +202,11 @@ def compile_costs(f, *args, policy: PolicyChoice = None, lowering: str | None = 
   ``analyze``) is compiled partitioned: the figures are per device, with
   the collectives of its HLO. Results are cached like ``analyze``'s.
   """
+  check_keywords(compile_costs, f, kwargs, policy=policy, lowering=lowering,
+                 argnums=argnums, has_aux=has_aux, whole_function=whole_function,
+                 donate_argnums=donate_argnums, repeats=repeats,
+                 compiler_options=compiler_options)
+  policy = built_policy_choice(policy)
   problem = Problem.make(f, args, kwargs, argnums, has_aux=has_aux,
                          whole_function=whole_function, caller='compile_costs')
   donate = check_positions(donate_argnums, len(args), 'donate_argnums',

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import jax
 
-from remat_explorer.engine.lowering import enclosing_strategy, lowering_strategy
+from remat_explorer.engine import enclosing_strategy, lowering_strategy
 
 
 @dataclass(frozen=True)

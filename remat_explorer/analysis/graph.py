@@ -33,7 +33,7 @@ from remat_explorer.analysis import flops as flop_count
 from remat_explorer.analysis.origins import (CodeSite, display_name, frames_of,
                                              is_library_file, user_frames, user_site)
 from remat_explorer.analysis.report import BlockReport, RematReport, aval_text
-from remat_explorer.engine import _jax_internals as jx
+from remat_explorer.engine import name_of_named_value
 
 # Ops that map one array to one array of the same shape, element by element
 # (binary ones qualify when their other operand is a literal): a chain of
@@ -264,7 +264,7 @@ class _Builder:
     if subs:
       return GraphNode(nid, block, side, 'call', _call_title(eqn),
                        equations=sum(_count(s) for s in subs), **common)
-    name = jx.name_of_named_value(eqn)
+    name = name_of_named_value(eqn)
     operands = {v for v in eqn.invars if not isinstance(v, Literal)}
     elementwise = (prim in ELEMENTWISE and len(operands) == 1 and len(eqn.outvars) == 1
                    and getattr(next(iter(operands)).aval, 'shape', None)

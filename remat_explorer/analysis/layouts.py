@@ -27,9 +27,9 @@ from jax.extend.core import jaxprs_in_params
 from remat_explorer.analysis import flops as flop_count
 from remat_explorer.analysis.compiled import CompiledCosts
 from remat_explorer.analysis.report import RematReport
-from remat_explorer.engine.scan_plans import ScanScheduleCosts, scan_schedule_costs
+from remat_explorer.engine import (ScanScheduleCosts, ScanScope, parse_scan_scope,
+                                   scan_schedule_costs)
 
-_SCOPE = re.compile(r'checkpointed_scan\[([^;\]]+); n=(\d+); carry=((?:[^\[\]]|\[[^\]]*\])*)\]')
 _TYPE = re.compile(r'(\w+)\[([\d,]*)\]')
 _BYTES = {'f16': 2, 'bf16': 2, 'f32': 4, 'f64': 8, 'i8': 1, 'i16': 2, 'i32': 4,
           'i64': 8, 'u8': 1, 'u32': 4, 'bool': 1, 'c64': 8, 'c128': 16}
@@ -66,12 +66,11 @@ def scan_layouts(report: RematReport, costs: CompiledCosts | None = None
   costs beside those measured (`costs` adds XLA's temporary memory)."""
   if report.forward_jaxpr is None:
     return ()
-  found: dict[str, list] = {}
+  found: dict[ScanScope, list] = {}
   _scoped_flops(report.forward_jaxpr.jaxpr, '', 1, found)
   checks = []
   for scope, (flops,) in found.items():
-    m = _SCOPE.search(scope)
-    schedule, n, carry = m.group(1), int(m.group(2)), m.group(3)
+    schedule, n, carry = scope.schedule, scope.steps, scope.carry
     step_flops = flops // max(n, 1)
     carry_shapes = [_shape(t) for t in _TYPE.finditer(carry)]
     carry_bytes = sum(_bytes(t) for t in _TYPE.finditer(carry))
@@ -92,14 +91,14 @@ def _scoped_flops(jaxpr, outer: str, trips: int, found: dict) -> None:
   for eqn in jaxpr.eqns:
     scope = f'{outer}/{eqn.source_info.name_stack}'
     subs = list(jaxprs_in_params(eqn.params))
-    m = _SCOPE.search(scope)
+    m = parse_scan_scope(scope)
     if subs and not (m and eqn.primitive.name == 'cond'):  # a cond: its costliest branch
       times = trips * (eqn.params['length'] if eqn.primitive.name == 'scan' else 1)
       for sub in subs:
         _scoped_flops(sub, scope, times, found)
       continue
     if m:
-      found.setdefault(m.group(0), [0])[0] += flop_count.eqn_flops(eqn) * trips
+      found.setdefault(m, [0])[0] += flop_count.eqn_flops(eqn) * trips
 
 
 def _predicted(n: int, schedule: str) -> ScanScheduleCosts:

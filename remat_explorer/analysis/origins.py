@@ -38,6 +38,8 @@ from typing import Iterable, Sequence
 
 from jax.extend.core import Jaxpr, Var
 
+from remat_explorer.engine import ENGINE_SCOPES
+
 # Frames in these packages are the machinery between the user and JAX.
 _LIBRARIES = ('jax', 'jaxlib', 'flax', 'equinox', 'optax', 'chex', 'jaxtyping',
               'typeguard', 'wadler_lindig', 'treescope', 'remat_explorer')
@@ -169,7 +171,7 @@ def clean_scope(name_stack) -> str:
     while (m := _WRAPPER.match(part)) and _balanced(m.group(1)):
       part = m.group(1)
     for inner in _split_scopes(part):
-      if inner and inner not in ('rematted_computation', 'checkpoint'):
+      if inner and inner not in ENGINE_SCOPES:
         parts.append(inner)
   return '/'.join(parts)
 

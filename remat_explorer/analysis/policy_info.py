@@ -15,7 +15,10 @@ import re
 from collections.abc import Iterable
 
 from remat_explorer.analysis.origins import relative_path
-from remat_explorer.engine import policies as ours
+from remat_explorer.engine import (DotsSaveable, OffloadDotWithNoBatchDims,
+                                   SaveAndOffloadOnlyTheseNames, SaveAnyNamesButThese,
+                                   SaveAnythingExceptTheseNames, SaveFromBothPolicies,
+                                   SaveOnlyTheseNames)
 
 
 class _NoRemat:
@@ -36,18 +39,18 @@ def describe_policy(policy) -> str:
     return 'nothing_saveable (default)'
   if policy is NO_REMAT:
     return 'no remat'
-  if isinstance(policy, ours.DotsSaveable):
+  if isinstance(policy, DotsSaveable):
     return ('dots_with_no_batch_dims_saveable' if policy.only_if_no_batch_dims
             else 'dots_saveable')
   for cls, factory in _NAMED_POLICY_FACTORIES.items():
     if isinstance(policy, cls):
       return _call(factory, sorted(policy.names))
-  if isinstance(policy, ours.SaveAndOffloadOnlyTheseNames):
+  if isinstance(policy, SaveAndOffloadOnlyTheseNames):
     return _save_and_offload(policy.saved, policy.offloaded, policy.offload_src,
                              policy.offload_dst)
-  if isinstance(policy, ours.OffloadDotWithNoBatchDims):
+  if isinstance(policy, OffloadDotWithNoBatchDims):
     return _call('offload_dot_with_no_batch_dims', [policy.offload_src, policy.offload_dst])
-  if isinstance(policy, ours.SaveFromBothPolicies):
+  if isinstance(policy, SaveFromBothPolicies):
     return _both(policy.first, policy.second)
   if hasattr(policy, 'checkpoint_names'):  # describes itself (SaveChosen)
     return repr(policy)
@@ -147,20 +150,20 @@ def _describe_jax_dataclass(policy) -> str:
 
 
 _NAMED_POLICY_FACTORIES = {
-    ours.SaveOnlyTheseNames: 'save_only_these_names',
-    ours.SaveAnyNamesButThese: 'save_any_names_but_these',
-    ours.SaveAnythingExceptTheseNames: 'save_anything_except_these_names',
+    SaveOnlyTheseNames: 'save_only_these_names',
+    SaveAnyNamesButThese: 'save_any_names_but_these',
+    SaveAnythingExceptTheseNames: 'save_anything_except_these_names',
 }
 
 
 def policy_names(policy) -> tuple[frozenset[str], frozenset[str]]:
   """(names the policy refers to, names it both saves and offloads)."""
-  if isinstance(policy, (ours.SaveOnlyTheseNames, ours.SaveAnyNamesButThese,
-                         ours.SaveAnythingExceptTheseNames)):
+  if isinstance(policy, (SaveOnlyTheseNames, SaveAnyNamesButThese,
+                         SaveAnythingExceptTheseNames)):
     return policy.names, frozenset()
-  if isinstance(policy, ours.SaveAndOffloadOnlyTheseNames):
+  if isinstance(policy, SaveAndOffloadOnlyTheseNames):
     return policy.saved | policy.offloaded, policy.saved & policy.offloaded
-  if isinstance(policy, ours.SaveFromBothPolicies):
+  if isinstance(policy, SaveFromBothPolicies):
     first, second = policy_names(policy.first), policy_names(policy.second)
     return first[0] | second[0], first[1] | second[1]
   if hasattr(policy, 'checkpoint_names'):  # says which of its strings are names

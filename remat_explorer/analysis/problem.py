@@ -23,16 +23,14 @@ import numbers
 from collections.abc import Mapping, Sequence
 
 import jax
+from jax.extend import core
 import numpy as np
 
 from remat_explorer.analysis.origins import display_name, user_frames
 from remat_explorer.analysis.program import NO_REMAT, check_block_names, find_blocks
 from remat_explorer.analysis.sharding import check_one_device_set
-from remat_explorer.engine import _jax_internals as jx
-from remat_explorer.engine.api import checkpoint
-from remat_explorer.engine.lowering import enclosing_strategy
+from remat_explorer.engine import checkpoint, debug_info_of, enclosing_strategy
 
-core = jx.core
 
 _TRACED = (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct)
 
@@ -94,7 +92,7 @@ class Problem:
           'arguments that hold the parameters; a Python number is held as a '
           'constant, as eqx.filter_jit does: pass jnp.asarray(x) to '
           'differentiate it.')
-    dbg = jx.api_util.debug_info(caller, f, args, kwargs)
+    dbg = debug_info_of(caller, f, args, kwargs)
     names = tuple(dbg.arg_names or ('',) * len(leaves))
     if len(names) != len(leaves):
       names = ('',) * len(leaves)
@@ -122,6 +120,7 @@ class Problem:
         loss_leaves, aux_leaves = jax.tree_util.tree_leaves(loss), jax.tree_util.tree_leaves(aux)
       else:
         loss_leaves, aux_leaves = jax.tree_util.tree_leaves(out), []
+        _refuse_python_numbers(self.name, out)
       self.num_outputs = len(loss_leaves)
       self._output = out
       return [*loss_leaves, *aux_leaves]
@@ -314,6 +313,19 @@ def _unspecified(sharding) -> bool:
 
 
 # -- small helpers ----------------------------------------------------------------------
+
+def _refuse_python_numbers(name: str, out) -> None:
+  """A Python number among the outputs is no array to differentiate: most
+  often auxiliary data returned without has_aux=True."""
+  paths = [(path, leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(out)
+           if isinstance(leaf, numbers.Number) and not isinstance(leaf, (jax.Array, np.generic))]
+  if paths:
+    path, leaf = paths[0]
+    raise TypeError(
+        f'{name!r} returned the Python {type(leaf).__name__} {leaf!r} at output'
+        f'{jax.tree_util.keystr(path)}, which cannot be differentiated; if it is '
+        'auxiliary data, pass has_aux=True (as with jax.value_and_grad).')
+
 
 def function_name(f) -> str:
   """The name a user knows `f` by (a ``functools.partial``'s function's)."""

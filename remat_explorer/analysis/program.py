@@ -13,15 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from jax.extend import core
+
 from remat_explorer.analysis.origins import entry_function, user_site
 from remat_explorer.analysis.policy_info import NO_REMAT, describe_policy
-from remat_explorer.engine import _jax_internals as jx
-from remat_explorer.engine.lowering import (DEFAULT_STRATEGY, STRATEGIES, check_strategy,
-                                           current_strategy)
-from remat_explorer.engine.primitive import checkpoint_p
-from remat_explorer.engine.refs import DEFAULT_REF_EFFECTS
-
-core = jx.core
+from remat_explorer.analysis.policy_text import parse_policy
+from remat_explorer.engine import (DEFAULT_REF_EFFECTS, DEFAULT_STRATEGY, STRATEGIES,
+                                   check_strategy, checkpoint_p, closed_call_p,
+                                   current_strategy, jax_checkpoint_p)
 
 PolicyChoice = Callable[..., Any] | Mapping[str, Callable[..., Any]] | None
 
@@ -105,6 +104,24 @@ def check_block_names(policy: PolicyChoice, blocks: list[BlockSite],
       f'{where}. Block names are the names of the checkpointed functions.')
 
 
+def built_policy_choice(policy: PolicyChoice | str) -> PolicyChoice:
+  """`policy` with each policy given by name or expression
+  (``'dots_saveable'``, ``"save_only_these_names('qkv')"``, as ``compare``
+  takes them) built; anything else as it is."""
+  if isinstance(policy, str):
+    return _parsed(policy)
+  if isinstance(policy, Mapping):
+    return {block: _parsed(p) if isinstance(p, str) else p for block, p in policy.items()}
+  return policy
+
+
+def _parsed(text: str):
+  try:
+    return parse_policy(text)
+  except ValueError as e:
+    raise ValueError(f'policy={text!r}: {e}') from None
+
+
 def _check_policy_choice(policy) -> None:
   if policy is None or policy is NO_REMAT or callable(policy):
     return
@@ -145,7 +162,7 @@ class _Walker:
     return rewritten
 
   def _rewrite_eqn(self, eqn, path, trip_count, parent, site):
-    if eqn.primitive is checkpoint_p or eqn.primitive is jx.jax_remat_p:
+    if eqn.primitive is checkpoint_p or eqn.primitive is jax_checkpoint_p:
       return self._rewrite_block(eqn, path, trip_count, parent, site)
     if eqn.primitive.name.startswith('custom_'):
       return eqn  # its rules are user code over the original body
@@ -188,7 +205,7 @@ class _Walker:
         parent=parent)
     if policy is NO_REMAT:
       return core.new_jaxpr_eqn(
-          eqn.invars, eqn.outvars, jx.closed_call_p,
+          eqn.invars, eqn.outvars, closed_call_p,
           dict(call_jaxpr=core.ClosedJaxpr(body, [])), eqn.effects,
           eqn.source_info, eqn.ctx)
     return core.new_jaxpr_eqn(eqn.invars, eqn.outvars, checkpoint_p, params,

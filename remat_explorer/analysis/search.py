@@ -25,6 +25,7 @@ from remat_explorer.analysis.chosen_policy import ROLES, EquationPattern, SaveCh
 from remat_explorer.analysis.compare import builtin_policies
 from remat_explorer.analysis.compiled import CompiledCosts, compile_costs
 from remat_explorer.analysis.context import compiles_run
+from remat_explorer.analysis.keywords import check_keywords
 from remat_explorer.analysis.report import RematReport, plain_data
 from remat_explorer.analysis.units import format_bytes, format_flops
 
@@ -98,6 +99,8 @@ def search_policy(f, *args, memory_budget: int | float, argnums=0,
   sequence sizes (it never looks at sizes); ``SearchResult.to_source()``
   writes it as Python for ``jax.checkpoint``.
   """
+  check_keywords(search_policy, f, kwargs, memory_budget=memory_budget, argnums=argnums,
+                 has_aux=has_aux, lowering=lowering, progress=progress)
   _check_budget_type(memory_budget)
   run = _Runner(f, args, kwargs, argnums, has_aux, lowering, progress)
   names = run.report(builtin_policies()['nothing_saveable']).names_in_program

@@ -32,13 +32,12 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import jax
+from jax.extend import core
 from jax.sharding import AbstractMesh, Mesh, NamedSharding
 
 from remat_explorer.analysis.context import note_compile
 from remat_explorer.analysis.report import Residual
-from remat_explorer.engine import _jax_internals as jx
-
-core = jx.core
+from remat_explorer.engine import reduce_precision_p
 
 MeshShape = tuple[tuple[str, int], ...]
 SHARD_MAP_BODY = 'per device (shard_map body)'
@@ -171,7 +170,7 @@ def residual_positions(residual_jaxpr: core.Jaxpr, origins) -> list[int | None]:
     if isinstance(v, core.Var):
       position.setdefault(v, k)
   for eqn in residual_jaxpr.eqns:
-    if eqn.primitive is jx.reduce_precision_p and eqn.outvars[0] in position:
+    if eqn.primitive is reduce_precision_p and eqn.outvars[0] in position:
       position.setdefault(eqn.invars[0], position[eqn.outvars[0]])
   literal_positions = iter(k for k, v in enumerate(residual_jaxpr.outvars)
                            if isinstance(v, core.Literal))

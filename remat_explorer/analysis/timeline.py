@@ -38,6 +38,7 @@ import numpy as np
 
 from remat_explorer.analysis.hlo import HloModule, Placement, parse_hlo, read_placement
 from remat_explorer.analysis.liveness import LiveBuffer, live_bytes, live_ranges
+from remat_explorer.engine import in_recompute
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,7 +165,7 @@ def pass_of(op_name: str) -> str:
   backward pass, any other name the forward pass."""
   if not op_name:
     return ''
-  if 'rematted_computation' in op_name:
+  if in_recompute(op_name):
     return 'recompute'
   return 'backward' if 'transpose(' in op_name else 'forward'
 

@@ -11,13 +11,25 @@ Modules, in the order a reader might take them:
 * ``residuals``  - ``saved_residuals``: what the forward pass keeps, in words.
 * ``scan_plans`` - schedules for long scans, and what each should cost.
 * ``scan``       - ``checkpointed_scan``: ``lax.scan`` under such a schedule.
+* ``introspect`` - what readers of the engine's programs need: JAX's remat
+  and call primitives, checkpoint names, the scopes the engine writes into
+  name stacks and their parsers.
 * ``_jax_internals`` - the only module that imports JAX's private API.
 """
 
 from remat_explorer.engine.api import checkpoint, checkpoint_name, remat
-from remat_explorer.engine.lowering import lowering_strategy
-from remat_explorer.engine.policies import (Offloadable, Recompute, Saveable,
-                                            checkpoint_policies)
+from remat_explorer.engine.introspect import (
+    CHECKPOINT_LOWERING_SCOPE, ENGINE_SCOPES, RECOMPUTE_SCOPE, ScanScope, closed_call_p,
+    debug_info_of, in_recompute, jax_checkpoint_p, name_of_named_value, parse_scan_scope,
+    reduce_precision_p, scan_scope)
+from remat_explorer.engine.lowering import (DEFAULT_STRATEGY, STRATEGIES, check_strategy,
+                                            current_strategy, enclosing_strategy,
+                                            lowering_strategy)
+from remat_explorer.engine.policies import (
+    DotsSaveable, OffloadDotWithNoBatchDims, Offloadable, Recompute, SaveAndOffloadOnlyTheseNames,
+    SaveAnyNamesButThese, SaveAnythingExceptTheseNames, Saveable, SaveFromBothPolicies,
+    SaveOnlyTheseNames, checkpoint_policies)
+from remat_explorer.engine.refs import DEFAULT_REF_EFFECTS
 from remat_explorer.engine.primitive import SplitRecord, checkpoint_p, observe_splits
 from remat_explorer.engine.residuals import (ResidualOrigin, print_saved_residuals,
                                              residual_origins, saved_residuals)
@@ -31,4 +43,13 @@ __all__ = [
     'split_jaxpr', 'Split', 'lowering_strategy', 'Saveable', 'Recompute', 'Offloadable',
     'observe_splits', 'SplitRecord', 'residual_origins', 'ResidualOrigin',
     'checkpointed_scan', 'scan_schedule_costs', 'ScanScheduleCosts',
+    # Read by the analysis: lowering strategies, ref effects, policy classes.
+    'STRATEGIES', 'DEFAULT_STRATEGY', 'check_strategy', 'current_strategy',
+    'enclosing_strategy', 'DEFAULT_REF_EFFECTS', 'DotsSaveable', 'SaveOnlyTheseNames',
+    'SaveAnyNamesButThese', 'SaveAnythingExceptTheseNames', 'SaveFromBothPolicies',
+    'SaveAndOffloadOnlyTheseNames', 'OffloadDotWithNoBatchDims',
+    # introspect
+    'jax_checkpoint_p', 'closed_call_p', 'reduce_precision_p', 'name_of_named_value',
+    'debug_info_of', 'RECOMPUTE_SCOPE', 'CHECKPOINT_LOWERING_SCOPE', 'ENGINE_SCOPES',
+    'in_recompute', 'ScanScope', 'scan_scope', 'parse_scan_scope',
 ]

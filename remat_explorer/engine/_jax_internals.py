@@ -4,7 +4,21 @@ A remat primitive has to plug into JAX's interpreters (autodiff, partial
 evaluation, batching, lowering, state discharge), and those live under
 ``jax._src``. Keeping every such import here means that moving to a new JAX
 release is a matter of fixing this one file.
+
+Supported: JAX 0.10.0 up to (not including) 0.12. What differs between
+those releases is bridged below, each difference under a version check:
+
+* 0.10.0 - 0.10.1: an effect on a jaxpr input names the input by position
+  (``input_index``); from 0.10.2 it names the input's variable (``input``),
+  and ``core.positional_effects`` / ``core.eqn_effects(jaxpr, invars)``
+  convert between the two.
+* 0.11: ``FlatTree`` moved from ``tree_util`` to ``flattree`` and became a
+  family of cases (``flattree.flatten``, ``treedef_args_to_ft``). JAX 0.11
+  also merged ``ClosedJaxpr`` into ``Jaxpr`` (with ``.jaxpr``/``.consts``
+  kept as accessors), and needs Python 3.12.
 """
+
+import jax
 
 from jax._src import ad_util
 from jax._src import api_util
@@ -29,9 +43,60 @@ from jax._src.lib.mlir.dialects import hlo
 from jax._src.state import discharge
 from jax._src.state.types import AbstractRef, AccumEffect, WriteEffect
 from jax._src.traceback_util import api_boundary
-from jax._src.tree_util import FlatTree, broadcast_prefix, tracing_registry
+from jax._src.tree_util import broadcast_prefix, tracing_registry
 from jax._src.util import (merge_lists, partition_list, split_list, unzip2,
                            weakref_lru_cache)
+
+JAX_VERSION = tuple(jax.__version_info__[:3])
+
+if JAX_VERSION >= (0, 11):
+  from jax._src import flattree as _flattree
+
+  def flat_tree(tree):
+    """`tree` (a pytree of avals) as the flat tree JAX's tracing takes."""
+    return _flattree.flatten(tree)
+
+  def flat_tree_of(leaves, treedef):
+    """The flat tree with `treedef`'s structure (an ``(args, kwargs)``
+    pair) and `leaves` as its values."""
+    return _flattree.treedef_args_to_ft(treedef, list(leaves))
+else:
+  from jax._src.tree_util import FlatTree as _FlatTree
+
+  def flat_tree(tree):
+    """`tree` (a pytree of avals) as the flat tree JAX's tracing takes."""
+    return _FlatTree.flatten(tree)
+
+  def flat_tree_of(leaves, treedef):
+    """The flat tree with `treedef`'s structure (an ``(args, kwargs)``
+    pair) and `leaves` as its values."""
+    return _FlatTree(leaves, treedef, False)
+
+
+if JAX_VERSION >= (0, 10, 2):
+  positional_effects = core.positional_effects
+
+  def equation_effects(jaxpr, invars):
+    """The effects of an equation running `jaxpr` on `invars`."""
+    return core.eqn_effects(jaxpr, invars)
+
+  def ref_written_by(jaxpr, effect):
+    """The variable of the ref an input effect of `jaxpr` is about."""
+    return effect.input
+else:
+  def positional_effects(jaxpr):
+    # Effects already name inputs by position.
+    return core.eqn_effects(jaxpr)
+
+  def equation_effects(jaxpr, invars):
+    """The effects of an equation running `jaxpr` on `invars`."""
+    del invars  # positions carry over from the jaxpr to the equation
+    return core.eqn_effects(jaxpr)
+
+  def ref_written_by(jaxpr, effect):
+    """The variable of the ref an input effect of `jaxpr` is about."""
+    return [*jaxpr.constvars, *jaxpr.invars][effect.input_index]
+
 
 # Primitives that policies and residual reports look at.
 dot_general_p = lax_internal.dot_general_p

@@ -319,7 +319,7 @@ def _trace(fun, in_tree, in_avals, dbg):
   tree of its outputs. Cached on `fun` and the abstract arguments."""
   try:
     closed, out_avals = pe.trace_to_jaxpr(
-        fun, jx.FlatTree(in_avals, in_tree, False), dbg)
+        fun, jx.flat_tree_of(in_avals, in_tree), dbg)
   except core.ConcretizationTypeError as e:
     _suggest_static_argnums(e)
     raise

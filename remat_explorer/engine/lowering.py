@@ -25,6 +25,7 @@ import jax
 import numpy as np
 
 from remat_explorer.engine import _jax_internals as jx
+from remat_explorer.engine.introspect import CHECKPOINT_LOWERING_SCOPE
 
 core, mlir = jx.core, jx.mlir
 
@@ -96,7 +97,7 @@ def _lower_body(ctx, jaxpr, inputs):
   """Emit the block's equations in place, under a `checkpoint` name scope,
   threading the effect tokens through them."""
   outs, tokens = mlir.jaxpr_subcomp(
-      ctx.module_context, jaxpr, ctx.name_stack.extend('checkpoint'),
+      ctx.module_context, jaxpr, ctx.name_stack.extend(CHECKPOINT_LOWERING_SCOPE),
       ctx.tokens_in, (), *inputs,
       dim_var_values=ctx.dim_var_values, const_lowering=ctx.const_lowering,
       outer_traceback=ctx.traceback)

@@ -27,6 +27,7 @@ import logging
 import threading
 
 from remat_explorer.engine import _jax_internals as jx
+from remat_explorer.engine.introspect import RECOMPUTE_SCOPE
 from remat_explorer.engine.lowering import DEFAULT_STRATEGY, lower_checkpoint
 from remat_explorer.engine.refs import DEFAULT_REF_EFFECTS
 from remat_explorer.engine.residuals import log_residuals
@@ -91,7 +92,7 @@ def _impl(*args, jaxpr, **params):
 @checkpoint_p.def_effectful_abstract_eval
 def _abstract_eval(*args, jaxpr, **params):
   del args, params
-  return [v.aval for v in jaxpr.outvars], core.positional_effects(jaxpr)
+  return [v.aval for v in jaxpr.outvars], jx.positional_effects(jaxpr)
 
 
 # -- JVP ----------------------------------------------------------------------
@@ -158,7 +159,7 @@ def _stage(trace, jaxpr, params, in_tracers):
                  for v in jaxpr.outvars]
   recipe = pe.new_eqn_recipe(
       trace, in_tracers, out_tracers, checkpoint_p, params,
-      core.positional_effects(jaxpr), jx.source_info_util.current())
+      jx.positional_effects(jaxpr), jx.source_info_util.current())
   for t in out_tracers:
     t.recipe = recipe
   return out_tracers
@@ -269,19 +270,33 @@ class _CheckedPolicy:
     try:
       answer = self.policy(prim, *avals, **params)
     except Exception as e:
-      e.add_note(f'(raised by the remat policy {self.policy!r}, passed as '
-                 f'`policy=` to checkpoint, when asked about primitive '
-                 f'{prim.name!r})')
-      raise
+      # One line naming the policy, the primitive and what went wrong; the
+      # policy's own exception stays attached as the cause.
+      problem = str(e).splitlines()[0] if str(e) else ''
+      raise TypeError(
+          f'The remat policy {_policy_name(self.policy)} (the `policy=` argument of '
+          f'checkpoint) raised {type(e).__name__} when asked about primitive '
+          f'{prim.name!r}: {problem} (a policy is called as policy(prim, *avals, '
+          '**params))') from e
     if not isinstance(answer, (bool, type(jx.Saveable), type(jx.Recompute),
                                jx.Offloadable)):
       raise TypeError(
-          f'The remat policy {self.policy!r} (the `policy=` argument of '
+          f'The remat policy {_policy_name(self.policy)} (the `policy=` argument of '
           f'checkpoint) returned {answer!r} of type {type(answer).__name__} '
           f'for primitive {prim.name!r}; a policy must return a bool, or '
           'Saveable, Recompute or Offloadable(src=..., dst=...) from '
           'jax.ad_checkpoint.')
     return answer
+
+
+def _policy_name(policy) -> str:
+  """A policy as its author would recognise it: its name, and where it
+  was written."""
+  code = getattr(policy, '__code__', None)
+  name = getattr(policy, '__qualname__', None)
+  if code is None or name is None:
+    return repr(policy)
+  return f'{name.rsplit("<locals>.", 1)[-1]} ({code.co_filename}:{code.co_firstlineno})'
 
 
 def _checked_policy(policy):
@@ -369,7 +384,7 @@ def _transposed_jaxpr(closed_jaxpr, in_linear, out_zeros):
 
   def nonzero_input_cts(*inputs):
     nonlinear_args, nonzero_out_cts = inputs[:num_nonlinear], inputs[num_nonlinear:]
-    with jx.source_info_util.extend_name_stack('rematted_computation'):
+    with jx.source_info_util.extend_name_stack(RECOMPUTE_SCOPE):
       recomputed = core.jaxpr_as_fun(recompute)(*nonlinear_args)
     out_cts = _with_symbolic_zeros(nonzero_out_cts, out_zeros, ct_avals)
     in_cts = _backward_pass(linear, recomputed, out_cts)
@@ -380,7 +395,7 @@ def _transposed_jaxpr(closed_jaxpr, in_linear, out_zeros):
       [a for a, lin in zip(closed_jaxpr.in_avals, in_linear) if not lin]
       + [a for a, zero in zip(ct_avals, out_zeros) if not zero])
   traced, _ = pe.trace_to_jaxpr(
-      nonzero_input_cts, jx.FlatTree.flatten((tuple(input_avals), {})),
+      nonzero_input_cts, jx.flat_tree((tuple(input_avals), {})),
       closed_jaxpr.jaxpr.debug_info.with_unknown_names())
   return traced, list(zero_input_cts)
 
@@ -458,7 +473,7 @@ def _pruned(eqn, body, used_inputs, used_outputs):
   prevent_cse = _derived_prevent_cse(eqn.params['prevent_cse'], keep=used_inputs)
   params = dict(eqn.params, jaxpr=body, prevent_cse=prevent_cse)
   return pe.new_jaxpr_eqn(invars, outvars, checkpoint_p, params,
-                          core.eqn_effects(body, invars), eqn.source_info, eqn.ctx)
+                          jx.equation_effects(body, invars), eqn.source_info, eqn.ctx)
 
 pe.dce_rules[checkpoint_p] = _dce
 

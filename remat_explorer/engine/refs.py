@@ -144,7 +144,7 @@ def _first_use_of_inputs(split, known_in, positions) -> dict:
 
 def _trace(fun, in_avals, dbg) -> core.Jaxpr:
   closed, _ = jx.pe.trace_to_jaxpr(
-      fun, jx.FlatTree.flatten((tuple(in_avals), {})), dbg)
+      fun, jx.flat_tree((tuple(in_avals), {})), dbg)
   assert not closed.consts, 'rewriting a split introduced constants'
   return closed.jaxpr
 
@@ -160,8 +160,7 @@ def check_replay_is_sound(jaxpr: core.Jaxpr, fun_name: str) -> None:
   wrong point: a silently wrong answer. Nested calls that receive such a
   ref are assumed to read it.
   """
-  # In a jaxpr, a ref effect names the ref's variable (`effect.input`).
-  written = {e.input for e in jaxpr.effects
+  written = {jx.ref_written_by(jaxpr, e) for e in jaxpr.effects
              if isinstance(e, (jx.WriteEffect, jx.AccumEffect))}
   if not written:
     return

@@ -35,6 +35,7 @@ import jax
 from jax import lax
 
 from remat_explorer.engine.api import checkpoint
+from remat_explorer.engine.introspect import scan_scope
 from remat_explorer.engine.lowering import enclosing_strategy
 from remat_explorer.engine.scan_plans import (
     Chain, Checkpointed, Loop, Step, plan_for, resolve_schedule, scan_schedule_costs)
@@ -101,15 +102,8 @@ def checkpointed_scan(f: Callable, init, xs=None, length: int | None = None, *,
   # The schedule, its length and its carry, in the name of the scope the
   # program runs in: what the analysis reads to put the schedule's
   # predicted costs beside the measured ones.
-  with jax.named_scope(schedule_scope(scan_schedule_costs(n, schedule, segments), init)):
+  with jax.named_scope(scan_scope(scan_schedule_costs(n, schedule, segments).schedule, n, init)):
     return runner.run(plan, init, xs, (xs, 0) if in_place else None)
-
-
-def schedule_scope(costs, init) -> str:
-  """``checkpointed_scan[binomial s=4; n=256; carry=f32[8,64]]``."""
-  carry = ', '.join(jax.typeof(leaf).str_short(short_dtypes=True)
-                    for leaf in jax.tree_util.tree_leaves(init))
-  return f'checkpointed_scan[{costs.schedule}; n={costs.n}; carry={carry}]'
 
 
 def _scan_length(xs, length) -> int:

@@ -20,6 +20,7 @@ from remat_explorer.analysis import (DEFAULT_LOWERING, LOWERINGS, NO_REMAT, anal
                                      builtin_policies, compare, compile_costs)
 from remat_explorer.analysis.compare import AS_WRITTEN, AS_WRITTEN_NO_REMAT
 from remat_explorer.analysis.context import TraceSettings
+from remat_explorer.analysis.keywords import check_keywords
 from remat_explorer.viz import _panels
 from remat_explorer.viz._panels import (OUTDATED, STALE, caption_html, error_text,
                                         warnings_html)
@@ -28,7 +29,7 @@ from remat_explorer.viz._work import Work
 from remat_explorer.viz.charts import (plot_memory_breakdown, plot_pareto,
                                        plot_residuals_by_origin)
 from remat_explorer.viz.embed import chart_img, render_diagram
-from remat_explorer.viz.html_widget import HtmlView
+from remat_explorer.viz.lab import require_lab
 from remat_explorer.viz.layout_tables import scan_layouts_html
 from remat_explorer.viz.split_graph import split_graph
 from remat_explorer.viz.tables import (RESIDUAL_SORT_KEYS, comparison_table_html,
@@ -50,16 +51,11 @@ def explore(f, *args, argnums=0, **kwargs):
   "layout" control picks the one shown, and the Compare tab compiles each
   as written, side by side.
 
-  Without ipywidgets (or outside a notebook front end that runs them) the
-  result still displays: as static HTML of the split and the residuals.
+  It needs ipywidgets and anywidget (the ``[lab]`` extra); outside a
+  notebook front end that runs widgets it displays as static HTML.
   """
-  layouts = _layouts(f)
-  try:
-    import anywidget  # noqa: F401
-    import ipywidgets  # noqa: F401
-  except ImportError:
-    first = next(iter(layouts.values())) if layouts else f
-    return StaticView(analyze(first, *args, argnums=argnums, **kwargs))
+  _layouts(f)
+  check_keywords(explore, f, kwargs, argnums=argnums)
   return Explorer(f, *args, argnums=argnums, **kwargs)
 
 
@@ -93,6 +89,9 @@ def _replace_in_cell(explorer) -> None:
 def _layouts(f) -> dict | None:
   """`f` as a dict of labelled functions, or None for one function."""
   if not isinstance(f, Mapping):
+    if not callable(f):
+      raise TypeError('explore takes a function (or a mapping from labels to functions) '
+                      f'as its first argument, not {type(f).__name__}: explore(loss_fn, *args).')
     return None
   if not f:
     raise ValueError('explore got an empty mapping; pass {label: function, ...} with '
@@ -132,10 +131,12 @@ class Explorer:
   cannot be analyzed as written still opens, with the error shown."""
 
   def __init__(self, f, *args, argnums=0, **kwargs):
+    self.layouts = _layouts(f)
+    require_lab('The Explorer')
     import ipywidgets as w
 
+    from remat_explorer.viz.html_widget import HtmlView
     from remat_explorer.viz.viewer_widget import DiagramViewer
-    self.layouts = _layouts(f)
     self._function = None if self.layouts else f
     self.args, self.kwargs, self.argnums = args, kwargs, argnums
     # Layouts of one computation (functions of the same arguments): the

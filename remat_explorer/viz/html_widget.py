@@ -7,10 +7,14 @@ the front end shows it and mounts each timeline in it (``timeline.js``).
 
 from __future__ import annotations
 
-import anywidget
-import traitlets
+from remat_explorer.viz.lab import require_lab
 
-from remat_explorer.viz.timeline_html import timeline_css, timeline_script
+require_lab('The HTML view widget')
+
+import anywidget  # noqa: E402
+import traitlets  # noqa: E402
+
+from remat_explorer.viz.timeline_html import timeline_css, timeline_script  # noqa: E402
 
 
 class HtmlView(anywidget.AnyWidget):

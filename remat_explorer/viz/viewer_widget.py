@@ -10,10 +10,14 @@ Setting ``svg`` again replaces the drawing.
 
 from __future__ import annotations
 
-import anywidget
-import traitlets
+from remat_explorer.viz.lab import require_lab
 
-from remat_explorer.viz.viewer import viewer_css, widget_module
+require_lab('The diagram viewer widget')
+
+import anywidget  # noqa: E402
+import traitlets  # noqa: E402
+
+from remat_explorer.viz.viewer import viewer_css, widget_module  # noqa: E402
 
 
 class DiagramViewer(anywidget.AnyWidget):

@@ -1,0 +1,91 @@
+"""What the engine offers to code that reads the programs it builds.
+
+The analysis reads jaxprs that contain our ``checkpoint`` primitive (or
+JAX's), the names values were given, and the scopes the engine writes into
+JAX's name stacks and from there into XLA's op metadata: the recompute's
+scope and the ``checkpointed_scan[...]`` scope that records a schedule.
+Each scope's text is written and parsed here, next to each other, so the
+readers never re-parse strings the engine writes.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import jax
+
+from remat_explorer.engine import _jax_internals as jx
+
+# JAX's own remat primitive (``jax.checkpoint``), which the analysis turns
+# into ours; the call primitive of ``core.closed_call``; the op that
+# marks residual producers rounded to a lower precision.
+jax_checkpoint_p = jx.jax_remat_p
+closed_call_p = jx.closed_call_p
+reduce_precision_p = jx.reduce_precision_p
+
+name_of_named_value = jx.name_of_named_value
+
+
+def debug_info_of(caller: str, fun, args, kwargs):
+  """JAX's description of a call of `fun` (its argument names among it)."""
+  return jx.api_util.debug_info(caller, fun, args, kwargs)
+
+
+# -- the recompute's scope ---------------------------------------------------------
+
+RECOMPUTE_SCOPE = 'rematted_computation'
+"""The name-stack scope the backward pass's recompute runs in; XLA keeps it
+in each instruction's ``op_name``."""
+
+CHECKPOINT_LOWERING_SCOPE = 'checkpoint'
+"""The name-stack scope a lowered block's body runs in."""
+
+ENGINE_SCOPES = (RECOMPUTE_SCOPE, CHECKPOINT_LOWERING_SCOPE)
+"""Scopes the engine adds that are no part of the user's module path."""
+
+
+def in_recompute(name: str) -> bool:
+  """Whether a name stack or an XLA ``op_name`` is inside the recompute."""
+  return RECOMPUTE_SCOPE in str(name)
+
+
+# -- the scope of a checkpointed_scan ----------------------------------------------
+
+_SCAN_SCOPE = re.compile(
+    r'checkpointed_scan\[([^;\]]+); n=(\d+); carry=((?:[^\[\]]|\[[^\]]*\])*)\]')
+
+
+@dataclass(frozen=True)
+class ScanScope:
+  """What a ``checkpointed_scan[...]`` scope records."""
+  text: str
+  """The whole scope, e.g. ``checkpointed_scan[binomial s=4; n=256; carry=f32[8,64]]``."""
+  schedule: str
+  """As ``scan_schedule_costs`` names it: 'every', 'sqrt', 'segments=k', 'binomial s=S'."""
+  steps: int
+  carry: str
+  """The carry's type(s), short form, e.g. ``f32[8,64], i32[]``."""
+
+
+def scan_scope(schedule: str, steps: int, init) -> str:
+  """The scope a ``checkpointed_scan`` of `steps` steps under `schedule`
+  runs in, carrying `init`'s types."""
+  carry = ', '.join(jax.typeof(leaf).str_short(short_dtypes=True)
+                    for leaf in jax.tree_util.tree_leaves(init))
+  return f'checkpointed_scan[{schedule}; n={steps}; carry={carry}]'
+
+
+def parse_scan_scope(name: str) -> ScanScope | None:
+  """The outermost ``checkpointed_scan`` scope in a name stack, or None."""
+  m = _SCAN_SCOPE.search(str(name))
+  if m is None:
+    return None
+  return ScanScope(m.group(0), m.group(1), int(m.group(2)), m.group(3))
+
+
+__all__ = [
+    'jax_checkpoint_p', 'closed_call_p', 'reduce_precision_p', 'name_of_named_value',
+    'debug_info_of', 'RECOMPUTE_SCOPE', 'CHECKPOINT_LOWERING_SCOPE', 'ENGINE_SCOPES',
+    'in_recompute', 'ScanScope', 'scan_scope', 'parse_scan_scope',
+]
