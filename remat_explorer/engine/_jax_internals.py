@@ -11,7 +11,8 @@ those releases is bridged below, each difference under a version check:
 * 0.10.0 - 0.10.1: an effect on a jaxpr input names the input by position
   (``input_index``); from 0.10.2 it names the input's variable (``input``),
   and ``core.positional_effects`` / ``core.eqn_effects(jaxpr, invars)``
-  convert between the two.
+  convert between the two. ``discharge_state`` of a closed jaxpr was
+  ``discharge_state2`` before 0.10.2.
 * 0.11: ``FlatTree`` moved from ``tree_util`` to ``flattree`` and became a
   family of cases (``flattree.flatten``, ``treedef_args_to_ft``). JAX 0.11
   also merged ``ClosedJaxpr`` into ``Jaxpr`` (with ``.jaxpr``/``.consts``
@@ -83,6 +84,11 @@ if JAX_VERSION >= (0, 10, 2):
   def ref_written_by(jaxpr, effect):
     """The variable of the ref an input effect of `jaxpr` is about."""
     return effect.input
+
+  def discharged(closed_jaxpr, should_discharge=True):
+    """`closed_jaxpr` with its refs (those `should_discharge` selects)
+    turned into values passed in and out."""
+    return discharge.discharge_state(closed_jaxpr, should_discharge=should_discharge)
 else:
   def positional_effects(jaxpr):
     # Effects already name inputs by position.
@@ -96,6 +102,11 @@ else:
   def ref_written_by(jaxpr, effect):
     """The variable of the ref an input effect of `jaxpr` is about."""
     return [*jaxpr.constvars, *jaxpr.invars][effect.input_index]
+
+  def discharged(closed_jaxpr, should_discharge=True):
+    """`closed_jaxpr` with its refs (those `should_discharge` selects)
+    turned into values passed in and out."""
+    return discharge.discharge_state2(closed_jaxpr, should_discharge)
 
 
 # Primitives that policies and residual reports look at.
