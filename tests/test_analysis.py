@@ -274,4 +274,4 @@ def test_bad_input_is_named():
   with pytest.raises(TypeError, match='no floating-point array'):
     analyze(lambda n, x: jnp.sum(x), jnp.arange(3), x)
   with pytest.raises(TypeError, match='policy= must be a callable'):
-    analyze(program, ws, x, policy='dots_saveable')
+    analyze(program, ws, x, policy=42)

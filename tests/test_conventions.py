@@ -104,6 +104,8 @@ def test_public_api_is_reexported_at_top_level():
   for name in ('checkpoint', 'remat', 'checkpoint_name', 'checkpoint_policies',
                'saved_residuals', 'print_saved_residuals'):
     assert getattr(rx, name) is getattr(engine, name)
-  assert set(vars(jax.checkpoint_policies)) == set(vars(rx.checkpoint_policies))
+  # JAX 0.11 also lists the policies' classes there.
+  policies = {n for n, v in vars(jax.checkpoint_policies).items() if not isinstance(v, type)}
+  assert policies == set(vars(rx.checkpoint_policies))
   for name in engine.__all__:
     assert hasattr(engine, name), name

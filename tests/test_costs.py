@@ -14,6 +14,7 @@ from remat_explorer import examples
 from remat_explorer.analysis import (NO_REMAT, analyze, compare, compile_costs,
                                      describe_policy, residuals_at_peak)
 from remat_explorer.analysis.search import search_policy
+from remat_explorer.viz.timeline_view import forward_backward_boundary
 
 cp = rx.checkpoint_policies
 
@@ -445,7 +446,8 @@ def test_every_buffer_live_at_the_peak_is_described():
   assert any(b.source.startswith('remat_explorer/examples.py:') for b in residuals)
   # The passes along the schedule: the backward pass starts after a forward one.
   passes = timeline.passes()
-  assert passes[0][2] == 'forward' and 0 < timeline.backward_start < len(timeline.steps)
+  boundary = forward_backward_boundary(timeline.step_passes)
+  assert passes[0][2] == 'forward' and 0 < boundary < len(timeline.steps)
   assert {p for _, _, p in passes} >= {'forward', 'backward'}
 
 

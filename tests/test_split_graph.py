@@ -245,3 +245,18 @@ def test_without_dot_the_error_says_how_to_install_and_dot_source_remains(monkey
   # The static view shows the message and the DOT text instead of failing.
   html = viz.StaticView(report)._repr_html_()
   assert 'apt-get install graphviz' in html and 'cluster_forward' in html
+
+
+def test_expand_takes_one_id_as_a_string_and_refuses_unknown_ones():
+  report = analyze(*_as_call(examples.transformer(num_layers=1, d_model=16, seq_len=8,
+                                                  batch=2)))
+  closed = split_diagram(report)
+  openable = sorted(n.id for n in _drawn(closed) if n.opens)
+  assert openable
+  one = openable[0]
+  as_string, as_set = split_diagram(report, expand=one), split_diagram(report, expand={one})
+  assert as_string.num_nodes() == as_set.num_nodes() != closed.num_nodes()
+  with pytest.raises(ValueError, match=r"expand= names \['attention'\], which no group or "
+                                       r"call of this split has; those that open here: "
+                                       + re.escape(repr(openable[:20])[:-1])):
+    split_diagram(report, expand='attention')

@@ -99,6 +99,12 @@ def _drawn(fig):
   return fig.canvas.get_renderer()
 
 
+def _overlapping(boxes) -> list[tuple[int, int]]:
+  """Pairs of indices of `boxes` (matplotlib Bboxes) that overlap."""
+  return [(i, j) for i in range(len(boxes)) for j in range(i + 1, len(boxes))
+          if boxes[i].overlaps(boxes[j])]
+
+
 def test_pareto_labels_name_every_policy_once_and_never_overlap(comparison):
   fig = viz.plot_pareto(comparison, selected='dots_saveable')
   ax = fig.axes[0]
@@ -112,7 +118,7 @@ def test_pareto_labels_name_every_policy_once_and_never_overlap(comparison):
   assert sorted(', '.join(entries).split(', ')) == sorted(', '.join(names).split(', '))
   assert len(texts) <= len({(p[1], p[2]) for p in charts.pareto_points(comparison)})
   boxes = [t.get_window_extent(renderer) for t in texts]
-  assert _labels.boxes_overlap(boxes) == [], [t.get_text() for t in texts]
+  assert _overlapping(boxes) == [], [t.get_text() for t in texts]
   area = ax.get_window_extent(renderer)
   assert all(area.contains(b.x0, b.y0) and area.contains(b.x1, b.y1) for b in boxes)
 
@@ -146,8 +152,8 @@ def test_crowded_labels_become_numbers_listed_under_the_chart():
   assert footnotes and all(re.fullmatch(r'\d+: a rather long policy label \d', f)
                            for f in footnotes)
   renderer = _drawn(fig)
-  assert _labels.boxes_overlap([t.get_window_extent(renderer) for t in ax.texts
-                                if not t.get_text().isdigit()]) == []
+  assert _overlapping([t.get_window_extent(renderer) for t in ax.texts
+                       if not t.get_text().isdigit()]) == []
   assert '1: ' in fig._supxlabel.get_text()
 
 
@@ -584,12 +590,15 @@ def test_report_warnings_go_with_their_views_and_clear(problem):
 
 def test_comparison_warnings_sit_in_their_rows_once(comparison):
   html = viz.comparison_table_html(comparison)
-  warned = tables.row_warnings(comparison)
+  warned = {r.label: r.warnings for r in comparison.rows if r.warnings}
   assert warned  # on the CPU some policies do not lower the peak
-  for label, text in warned.items():
+  for label, warnings in warned.items():
     row = re.search(rf'<tr[^>]*><td>{re.escape(tables.html_text(label))}</td>.*?</tr>', html)
-    assert tables.html_text(text) in row.group(0)
-  assert tables.other_warnings(comparison) == []
+    for warning in warnings:
+      assert row.group(0).count(tables.html_text(warning)) == 1
+  # Every warning of the comparison is one of a row's, which the table shows.
+  carried = {f'{r.label}: {w}' for r in comparison.rows for w in r.warnings}
+  assert set(comparison.warnings) <= carried
 
 
 def test_each_row_carries_its_own_warnings(comparison):

@@ -42,7 +42,8 @@ from remat_explorer.analysis.report import (
     BlockReport, EquationCost, RecomputedEquation, RematReport, Residual, aval_bytes)
 from remat_explorer.analysis.policy_info import policy_warnings
 from remat_explorer.engine import (ResidualOrigin, checkpoint_p, name_of_named_value,
-                                   observe_splits, reduce_precision_p, residual_origins)
+                                   observe_splits, reduce_precision_p, residual_origins,
+                                   scan_consts_and_carries)
 
 
 def analyze(f, *args, policy: PolicyChoice = None, lowering: str | None = None,
@@ -441,7 +442,7 @@ def _scan_body_reads(eqn, reads, nested):
   """A scan's body and which of its inputs carry tangents: a carry does if
   it enters with one or any iteration gives it one (a fixed point)."""
   body = eqn.params['jaxpr'].jaxpr
-  first, num_carry = eqn.params['num_consts'], eqn.params['num_carry']
+  first, num_carry = scan_consts_and_carries(eqn.params)
   carry = slice(first, first + num_carry)
   while True:
     body_tangents = {v for v, read in zip(body.invars, reads) if read}

@@ -15,6 +15,7 @@ import collections
 import threading
 
 _caches: list['ResultCache'] = []
+_memoized: list = []
 
 
 class ResultCache:
@@ -52,8 +53,17 @@ class ResultCache:
     return len(self._entries)
 
 
+def cleared_with_results(*functions) -> None:
+  """Have ``clear_caches`` also clear these memoized functions
+  (``functools.lru_cache``): readings of a program's frames and paths,
+  which hold its tracebacks and depend on the working directory."""
+  _memoized.extend(functions)
+
+
 def clear_caches() -> None:
-  """Forget every cached report and compiled result (to measure again, or
-  to free their memory)."""
+  """Forget every cached report and compiled result, and the frames and
+  paths read from programs (to measure again, or to free their memory)."""
   for cache in _caches:
     cache.clear()
+  for function in _memoized:
+    function.cache_clear()

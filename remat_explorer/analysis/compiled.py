@@ -100,7 +100,9 @@ class CompiledCosts:
   """Median over `repeats` runs after a warm-up; None when not run."""
   measured_peak_bytes: int | None = None
   """The device's ``memory_stats()['peak_bytes_in_use']`` after running,
-  where the device reports it (GPUs; not the CPU)."""
+  where the device reports it (GPUs; not the CPU) and these runs set it:
+  JAX cannot reset a device's peak, so after a program that held more it
+  is None (``notes`` says so)."""
   lowered_matmuls: int | None = None
   """dot/convolution ops in the lowered (StableHLO) program, loop bodies once."""
   compiled_matmuls: int | None = None
@@ -445,6 +447,8 @@ def _run(compiled, leaves, repeats, donate_argnums, notes):
     return [jax.numpy.array(x, copy=True) if i in donate_argnums else x
             for i, x in enumerate(leaves)]
 
+  device = jax.devices()[0]
+  peak_before = device_peak_bytes(device)
   jax.block_until_ready(compiled(*fresh()))  # warm-up
   times = []
   for _ in range(repeats):
@@ -452,8 +456,27 @@ def _run(compiled, leaves, repeats, donate_argnums, notes):
     start = time.perf_counter()
     jax.block_until_ready(compiled(*args))
     times.append(time.perf_counter() - start)
-  stats = jax.devices()[0].memory_stats() or {}
-  return statistics.median(times), stats.get('peak_bytes_in_use')
+  return statistics.median(times), _own_peak(peak_before, device_peak_bytes(device), notes)
+
+
+def device_peak_bytes(device) -> int | None:
+  """The most bytes `device` has held at once since the process began, where
+  it reports it (GPUs, TPUs; the CPU reports no memory statistics)."""
+  stats = device.memory_stats()
+  return None if not stats else stats.get('peak_bytes_in_use')
+
+
+def _own_peak(before: int | None, after: int | None, notes: list) -> int | None:
+  """The runs' own peak. JAX cannot reset the device's peak, which is the
+  process's: it is the runs' only when they raised it. Otherwise an
+  earlier program held more, and the runs' own peak is unknown (None)."""
+  if before is None or after is None:
+    return None
+  if after > before:
+    return after
+  notes.append(f'measured peak unknown: the device held more ({before} bytes) before '
+               'these runs, and its peak cannot be reset')
+  return None
 
 
 # Matmul-like ops: StableHLO's ops, and in optimized HLO the instructions or

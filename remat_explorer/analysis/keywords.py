@@ -16,7 +16,7 @@ from remat_explorer.analysis.problem import function_name
 
 # Options of the other entry points, so that a keyword given to the wrong
 # one (``analyze(..., memory_budget=...)``) is recognised.
-_ENTRY_POINTS = ('analyze', 'compile_costs', 'compare', 'search_policy', 'explore')
+_ENTRY_POINTS = ('analyze', 'compile_costs', 'compare', 'search_policy')
 
 
 def check_keywords(entry, f, kwargs: Mapping, **given_options) -> None:
@@ -66,9 +66,10 @@ def _unknown(entry: str, name: str, fn, options, names) -> str:
   own = {option: f'an option of {entry}' for option in options}
   own.update({n: f'an argument of {function_name(fn)}' for n in names})
   takers: dict[str, list[str]] = {}
+  import remat_explorer.analysis as analysis  # the entry points import this module
   for other in _ENTRY_POINTS:
     if other != entry:
-      for option in _options(_entry_point(other)):
+      for option in _options(getattr(analysis, other)):
         takers.setdefault(option, []).append(other)
   others = {option: f'an option of {" and ".join(names)}, not of {entry}'
             for option, names in takers.items()}
@@ -80,14 +81,6 @@ def _unknown(entry: str, name: str, fn, options, names) -> str:
       break
   return (f'{entry} got the keyword {name}=, which is neither one of its options '
           f'nor an argument of {function_name(fn)}.{hint}')
-
-
-def _entry_point(name: str):
-  if name == 'explore':
-    from remat_explorer.viz.explorer import explore
-    return explore
-  import remat_explorer.analysis as analysis
-  return getattr(analysis, name)
 
 
 def _same(value, default) -> bool:

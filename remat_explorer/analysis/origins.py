@@ -38,6 +38,7 @@ from typing import Iterable, Sequence
 
 from jax.extend.core import Jaxpr, Var
 
+from remat_explorer.analysis.cache import cleared_with_results
 from remat_explorer.engine import ENGINE_SCOPES
 
 # Frames in these packages are the machinery between the user and JAX.
@@ -358,3 +359,7 @@ def call_body(eqn, custom: bool = True):
       or len(body.outvars) != len(eqn.outvars)):
     return None
   return body
+
+
+# Per program (tracebacks) or per working directory (relative paths).
+cleared_with_results(_frames, relative_path, is_library_file, _is_jax_file)

@@ -92,6 +92,15 @@ def _check_order(report, costs) -> None:
         'expected (report, costs): a RematReport from analyze() and the '
         'CompiledCosts from compile_costs() of the same program and policy, '
         f'got ({type(report).__name__}, {type(costs).__name__}).')
+  # Buffers are matched to residuals by size: another policy's report
+  # would match some by accident, silently.
+  said = lambda x: f'{x.function} under {x.policy or "its own policies"} ({x.lowering or "-"})'
+  if ((report.function, report.policy, report.lowering)
+      != (costs.function, costs.policy, costs.lowering)):
+    raise ValueError(
+        f'the report and the costs differ: the report is of {said(report)}, the costs of '
+        f'{said(costs)}; pass analyze() and compile_costs() of the same function, '
+        'policy and lowering.')
 
 
 def _describe(buffer: Buffer, unused: list[Residual], policy: str) -> PeakBuffer:

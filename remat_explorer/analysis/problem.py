@@ -373,7 +373,23 @@ def _held_key(x):
     hash(x)
     return (type(x), x)
   except TypeError:
-    return (type(x), id(x))
+    return (type(x), _SameObject(x))
+
+
+class _SameObject:
+  """An unhashable held value in a cache key, equal only to itself. The key
+  holds the value, so that its id cannot pass to another object while a
+  result is cached under it."""
+  __slots__ = ('value',)
+
+  def __init__(self, value):
+    self.value = value
+
+  def __eq__(self, other):
+    return isinstance(other, _SameObject) and other.value is self.value
+
+  def __hash__(self):
+    return id(self.value)
 
 
 def _hashable_setting(setting):

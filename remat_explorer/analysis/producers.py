@@ -11,6 +11,8 @@ from jax.extend.core import Literal, Var
 
 from remat_explorer.analysis.origins import (CodeSite, ModulePaths, call_body, clean_scope,
                                              join_scopes, user_site)
+from remat_explorer.engine import scan_consts_and_carries
+
 
 @dataclasses.dataclass(frozen=True)
 class Producer:
@@ -91,7 +93,7 @@ def _into_body(eqn, k):
   name, params = eqn.primitive.name, eqn.params
   if name == 'scan':
     body = params['jaxpr'].jaxpr
-    out = _scan_value(body, body.outvars[k], params['num_consts'], params['num_carry'])
+    out = _scan_value(body, body.outvars[k], *scan_consts_and_carries(params))
     return body, out, f"scan×{params['length']}", _outer_input(eqn, body, out)
   if name == 'while':
     body = params['body_jaxpr'].jaxpr

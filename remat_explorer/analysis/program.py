@@ -134,8 +134,9 @@ def _check_policy_choice(policy) -> None:
     return
   raise TypeError(
       f'policy= must be a callable remat policy (e.g. '
-      f'checkpoint_policies.dots_saveable), a mapping from block name to '
-      f'policy, or None, but got {type(policy).__name__}: {policy!r}.')
+      f'checkpoint_policies.dots_saveable) or its name or expression as a str '
+      f"('dots_saveable'), a mapping from block name to policy, or None, but got "
+      f'{type(policy).__name__}: {policy!r}.')
 
 
 class _Walker:

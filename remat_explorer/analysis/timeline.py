@@ -109,12 +109,6 @@ class MemoryTimeline:
     return [tuple(r) for r in runs]
 
   @property
-  def backward_start(self) -> int | None:
-    """The first step of the backward pass, if the program has one."""
-    return next((i for i, p in enumerate(self.step_passes)
-                 if p in ('backward', 'recompute')), None)
-
-  @property
   def height(self) -> tuple[int, ...]:
     """The curve whose peak is ``peak_bytes``: ``placed_bytes`` where
     known, else ``live_bytes``."""

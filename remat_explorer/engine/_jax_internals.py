@@ -11,9 +11,12 @@ those releases is bridged below, each difference under a version check:
 * 0.10.0 - 0.10.1: an effect on a jaxpr input names the input by position
   (``input_index``); from 0.10.2 it names the input's variable (``input``),
   and ``core.positional_effects`` / ``core.eqn_effects(jaxpr, invars)``
-  convert between the two.
+  convert between the two. ``discharge_state`` of a closed jaxpr was
+  ``discharge_state2`` before 0.10.2.
 * 0.11: ``FlatTree`` moved from ``tree_util`` to ``flattree`` and became a
-  family of cases (``flattree.flatten``, ``treedef_args_to_ft``). JAX 0.11
+  family of cases (``flattree.flatten``, ``treedef_args_to_ft``); a
+  ``scan``'s parameters give its constants and carries as the flat tree
+  ``ft_in`` instead of ``num_consts`` and ``num_carry``. JAX 0.11
   also merged ``ClosedJaxpr`` into ``Jaxpr`` (with ``.jaxpr``/``.consts``
   kept as accessors), and needs Python 3.12.
 """
@@ -52,6 +55,12 @@ JAX_VERSION = tuple(jax.__version_info__[:3])
 if JAX_VERSION >= (0, 11):
   from jax._src import flattree as _flattree
 
+  def scan_consts_and_carries(params) -> tuple[int, int]:
+    """How many of a ``scan`` equation's inputs are constants, and how
+    many carries (the rest are the scanned ``xs``)."""
+    consts, carries, _ = params['ft_in'].unpack()
+    return len(consts), len(carries)
+
   def flat_tree(tree):
     """`tree` (a pytree of avals) as the flat tree JAX's tracing takes."""
     return _flattree.flatten(tree)
@@ -62,6 +71,11 @@ if JAX_VERSION >= (0, 11):
     return _flattree.treedef_args_to_ft(treedef, list(leaves))
 else:
   from jax._src.tree_util import FlatTree as _FlatTree
+
+  def scan_consts_and_carries(params) -> tuple[int, int]:
+    """How many of a ``scan`` equation's inputs are constants, and how
+    many carries (the rest are the scanned ``xs``)."""
+    return params['num_consts'], params['num_carry']
 
   def flat_tree(tree):
     """`tree` (a pytree of avals) as the flat tree JAX's tracing takes."""
@@ -83,6 +97,11 @@ if JAX_VERSION >= (0, 10, 2):
   def ref_written_by(jaxpr, effect):
     """The variable of the ref an input effect of `jaxpr` is about."""
     return effect.input
+
+  def discharged(closed_jaxpr, should_discharge=True):
+    """`closed_jaxpr` with its refs (those `should_discharge` selects)
+    turned into values passed in and out."""
+    return discharge.discharge_state(closed_jaxpr, should_discharge=should_discharge)
 else:
   def positional_effects(jaxpr):
     # Effects already name inputs by position.
@@ -96,6 +115,11 @@ else:
   def ref_written_by(jaxpr, effect):
     """The variable of the ref an input effect of `jaxpr` is about."""
     return [*jaxpr.constvars, *jaxpr.invars][effect.input_index]
+
+  def discharged(closed_jaxpr, should_discharge=True):
+    """`closed_jaxpr` with its refs (those `should_discharge` selects)
+    turned into values passed in and out."""
+    return discharge.discharge_state2(closed_jaxpr, should_discharge)
 
 
 # Primitives that policies and residual reports look at.

@@ -25,6 +25,7 @@ closed_call_p = jx.closed_call_p
 reduce_precision_p = jx.reduce_precision_p
 
 name_of_named_value = jx.name_of_named_value
+scan_consts_and_carries = jx.scan_consts_and_carries
 
 
 def debug_info_of(caller: str, fun, args, kwargs):
@@ -86,6 +87,6 @@ def parse_scan_scope(name: str) -> ScanScope | None:
 
 __all__ = [
     'jax_checkpoint_p', 'closed_call_p', 'reduce_precision_p', 'name_of_named_value',
-    'debug_info_of', 'RECOMPUTE_SCOPE', 'CHECKPOINT_LOWERING_SCOPE', 'ENGINE_SCOPES',
+    'scan_consts_and_carries', 'debug_info_of', 'RECOMPUTE_SCOPE', 'CHECKPOINT_LOWERING_SCOPE', 'ENGINE_SCOPES',
     'in_recompute', 'ScanScope', 'scan_scope', 'parse_scan_scope',
 ]

@@ -503,7 +503,7 @@ def _discharge_state(in_avals, out_avals, *args, jaxpr, **params):
 
 
 def _discharged_body(jaxpr):
-  discharged = jx.discharge.discharge_state(core.ClosedJaxpr(jaxpr, []))
+  discharged = jx.discharged(core.ClosedJaxpr(jaxpr, []))
   if discharged.consts:
     raise NotImplementedError(
         'checkpoint: discharging refs produced constants in the block body; '

@@ -49,8 +49,7 @@ def discharge_internal_refs(jaxpr: core.Jaxpr) -> core.Jaxpr:
   """Turn refs that the block allocates itself into plain values."""
   if core.internal_mutable_array_effect not in jaxpr.effects:
     return jaxpr
-  closed = jx.discharge.discharge_state(
-      core.ClosedJaxpr(jaxpr, []), should_discharge=False)
+  closed = jx.discharged(core.ClosedJaxpr(jaxpr, []), should_discharge=False)
   if closed.consts:  # not expected: discharge only rewrites equations
     return jaxpr
   return closed.jaxpr

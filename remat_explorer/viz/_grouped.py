@@ -31,6 +31,21 @@ ALL = 'all'
 
 
 def grouped_diagram(graph: SplitGraph, *, expand=frozenset()) -> Diagram:
+  """The split as nested groups, those in `expand` (ids, or ``ALL``) open;
+  an id that names no group or call of the split is a ``ValueError``."""
+  diagram, drawer = _drawn(graph, expand)
+  if expand != ALL and not expand <= drawer.asked:
+    # Ids inside a closed group are not asked about: look everywhere.
+    unknown = expand - _drawn(graph, ALL)[1].asked
+    if unknown:
+      known = sorted(drawer.asked)
+      raise ValueError(
+          f'expand= names {sorted(unknown)}, which no group or call of this split has; '
+          f'those that open here: {known[:20]}{" ..." if len(known) > 20 else ""}')
+  return diagram
+
+
+def _drawn(graph: SplitGraph, expand) -> tuple[Diagram, '_Drawer']:
   diagram = Diagram(graph.title, [Section('forward', 'forward pass (known jaxpr)')],
                     [Section('backward', 'backward pass (staged jaxpr)')],
                     notes=list(graph.notes))
@@ -42,7 +57,7 @@ def grouped_diagram(graph: SplitGraph, *, expand=frozenset()) -> Diagram:
       members = [n for n in drawer.top_level[block.index, side]]
       drawer.place(section, members, depth=0)
   diagram.edges = drawer.edges()
-  return diagram
+  return diagram, drawer
 
 
 class _Drawer:
@@ -64,8 +79,10 @@ class _Drawer:
         self.carries[e.dst] = e
     self.shown: dict[str, str] = {}  # graph node id -> drawn node id
     self.bodies: list[Edge] = []  # from an opened call to its first node
+    self.asked: set[str] = set()  # ids of the groups and calls that could open
 
   def opened(self, node_id: str) -> bool:
+    self.asked.add(node_id)
     return self.expand == ALL or node_id in self.expand
 
   # -- placing nodes ------------------------------------------------------------

@@ -128,8 +128,3 @@ def _first_free(ax, g: PointGroup, label: str, fontsize, renderer, area, taken,
 def _marker_box(x: float, y: float) -> Bbox:
   return Bbox.from_extents(x - _MARKER_PX, y - _MARKER_PX, x + _MARKER_PX, y + _MARKER_PX)
 
-
-def boxes_overlap(boxes: list[Bbox]) -> list[tuple[int, int]]:
-  """Pairs of indices of `boxes` that overlap (for checks)."""
-  return [(i, j) for i in range(len(boxes)) for j in range(i + 1, len(boxes))
-          if boxes[i].overlaps(boxes[j])]

@@ -33,8 +33,7 @@ from remat_explorer.viz.lab import require_lab
 from remat_explorer.viz.layout_tables import scan_layouts_html
 from remat_explorer.viz.split_graph import split_graph
 from remat_explorer.viz.tables import (RESIDUAL_SORT_KEYS, comparison_table_html,
-                                       other_warnings, report_jaxprs_html,
-                                       residual_table_html)
+                                       report_jaxprs_html, residual_table_html)
 from remat_explorer.viz.viewer import svg_img_html
 
 TABS = ('Split diagram', 'Residuals', 'Costs', 'Compare', 'Program')
@@ -364,14 +363,6 @@ class Explorer:
                      self._comparison_failed, group='comparison',
                      key=(lowering, tuple(policies or ()), selected, id(searched)))
 
-  def _redraw_comparison(self) -> None:
-    comparison, searched = self.comparison, self.search_result
-    selected = self.layout.value if self.layouts else self.policy.value
-    self.compare_view.add_class(STALE)
-    self._work.start('drawing the comparison',
-                     lambda _: _comparison_html(comparison, selected, searched),
-                     self._show_comparison, self._comparison_failed)
-
   def _comparison_failed(self, e) -> None:
     self._show_error(e)
     self.compare_view.remove_class(STALE)
@@ -501,10 +492,10 @@ class Explorer:
 
 
 def _comparison_html(comparison, selected, search_result) -> str:
-  """The Compare tab: the table (each policy's warnings in its row), the
-  warnings that concern no row, each checkpointed scan's schedule in theory
-  and measured, the Pareto chart and memory by policy."""
-  return (comparison_table_html(comparison) + warnings_html(other_warnings(comparison))
+  """The Compare tab: the table (each policy's warnings in its row), each
+  checkpointed scan's schedule in theory and measured, the Pareto chart and
+  memory by policy."""
+  return (comparison_table_html(comparison)
           + scan_layouts_html(comparison)
           + chart_img(plot_pareto(comparison, selected=selected, search_result=search_result),
                       'peak memory against FLOPs')

@@ -18,8 +18,8 @@ from remat_explorer.viz.charts import (plot_memory_breakdown, plot_memory_timeli
 from remat_explorer.viz.embed import chart_img, render_diagram
 from remat_explorer.viz.layout_tables import nesting_levels_html, scan_layouts_html
 from remat_explorer.viz.split_graph import split_graph
-from remat_explorer.viz.tables import (comparison_table_html, other_warnings,
-                                       report_jaxprs_html, residual_table_html)
+from remat_explorer.viz.tables import (comparison_table_html, report_jaxprs_html,
+                                       residual_table_html)
 from remat_explorer.viz.text import format_bytes, format_flops, html_text, unique_lines
 from remat_explorer.viz.timeline_html import timeline_assets_html, timeline_html
 from remat_explorer.viz.timeline_view import timeline_view
@@ -70,7 +70,7 @@ def report_html(comparison, report, *, title: str | None = None,
       'row\'s notes.</p>',
       _summary_html(comparison),
       '<section><h2>Policies compared</h2>', comparison_table_html(comparison),
-      _warnings_html(other_warnings(comparison)), scan_layouts_html(comparison),
+      scan_layouts_html(comparison),
       chart_img(plot_pareto(comparison, selected=selected and selected.label,
                          search_result=search_result), 'Peak memory against FLOPs'),
       chart_img(plot_memory_breakdown(comparison), 'Memory by policy'),

@@ -94,6 +94,8 @@ def split_diagram(report: RematReport, *, block: str | None = None,
       ``'all'`` to open everything.
   """
   graph = report.graph if block is None else split_graph_of(report, block)
+  if isinstance(expand, str) and expand != ALL:
+    expand = (expand,)  # one id, not its letters
   diagram = grouped_diagram(graph, expand=expand if expand == ALL else frozenset(expand))
   budget = max(max_nodes, _MIN_NODES) - LEGEND_NODES
   if diagram.num_nodes() > budget:

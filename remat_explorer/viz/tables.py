@@ -148,19 +148,6 @@ def row_note(row) -> str:
   return ' '.join(unique_lines(row.warnings)) or row.recompute_eliminated or ''
 
 
-def row_warnings(comparison: Comparison) -> dict[str, str]:
-  """The notes of the rows that have warnings, by label."""
-  return {r.label: ' '.join(unique_lines(r.warnings)) for r in comparison.rows
-          if r.warnings}
-
-
-def other_warnings(comparison: Comparison) -> list[str]:
-  """The comparison's warnings that no row carries (none from ``compare``;
-  kept for comparisons made otherwise)."""
-  carried = {f'{r.label}: {w}' for r in comparison.rows for w in r.warnings}
-  return [w for w in unique_lines(comparison.warnings) if w not in carried]
-
-
 # -- what is live at a step --------------------------------------------------------------
 
 PEAK_TOP = 10
