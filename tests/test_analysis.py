@@ -275,3 +275,6 @@ def test_bad_input_is_named():
     analyze(lambda n, x: jnp.sum(x), jnp.arange(3), x)
   with pytest.raises(TypeError, match='policy= must be a callable'):
     analyze(program, ws, x, policy=42)
+  with pytest.raises(ValueError, match="'dots_savable' is not in jax.checkpoint_policies; "
+                                       "did you mean 'dots_saveable'"):
+    analyze(program, ws, x, policy='dots_savable')

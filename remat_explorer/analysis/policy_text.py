@@ -10,6 +10,7 @@ on text from anywhere.
 from __future__ import annotations
 
 import ast
+import difflib
 
 import jax
 
@@ -99,7 +100,10 @@ def _policy_named(name: str, text):
       name = name[len(prefix):]
       break
   if name.startswith('_') or not hasattr(jax.checkpoint_policies, name):
-    known = ', '.join(sorted(n for n in vars(jax.checkpoint_policies) if not n.startswith('_')))
-    raise ValueError(f'{text!r}: {name!r} is not in jax.checkpoint_policies '
-                     f'(it has {known}).')
+    names = sorted(n for n in vars(jax.checkpoint_policies) if not n.startswith('_'))
+    where = '' if text == name else f'{text!r}: '
+    close = difflib.get_close_matches(name, names, n=1)
+    hint = f'; did you mean {close[0]!r}?' if close else ''
+    raise ValueError(f'{where}{name!r} is not in jax.checkpoint_policies{hint} '
+                     f'(it has {", ".join(names)}).')
   return name, getattr(jax.checkpoint_policies, name)

@@ -119,7 +119,7 @@ def _parsed(text: str):
   try:
     return parse_policy(text)
   except ValueError as e:
-    raise ValueError(f'policy={text!r}: {e}') from None
+    raise ValueError(f'policy= {e}') from None
 
 
 def _check_policy_choice(policy) -> None:
