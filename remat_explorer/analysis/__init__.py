@@ -26,13 +26,15 @@ Modules, in the order a function flows through them:
   schedule), ``peak`` (residuals at the peak), ``collectives``, ``sharding``;
 * ``compare``, ``search`` and ``chosen_policy`` (the policy it returns);
 * ``policy_info`` and ``policy_text`` (policies in words, and back),
-  ``units``, ``cache``, ``context``.
+  ``units``, ``cache``, ``context``, ``keywords`` (options checked before
+  tracing), ``errors`` (exceptions as users read them).
 """
 
 from remat_explorer.analysis.analyze import analyze
 from remat_explorer.analysis.program import DEFAULT_LOWERING, LOWERINGS
 from remat_explorer.analysis.cache import clear_caches
 from remat_explorer.analysis.collectives import Collective
+from remat_explorer.analysis.errors import error_summary
 from remat_explorer.analysis.compare import (Comparison, PolicyRow,
                                              builtin_policies, compare)
 from remat_explorer.analysis.compiled import CompiledCosts, compile_costs
@@ -54,4 +56,5 @@ __all__ = [
     'describe_policy', 'search_policy', 'SearchResult', 'SaveChosen',
     'EquationPattern', 'parse_policy',
     'LOWERINGS', 'DEFAULT_LOWERING', 'residuals_at_peak', 'live_at_peak', 'PeakBuffer', 'PeakResidual', 'Collective', 'clear_caches',
+    'error_summary',
 ]

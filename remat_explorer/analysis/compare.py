@@ -18,13 +18,18 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+import jax
+
 from remat_explorer.analysis.analyze import analyze
 from remat_explorer.analysis.compiled import CompiledCosts, compile_costs
 from remat_explorer.analysis.context import TraceSettings
+from remat_explorer.analysis.errors import error_summary
 from remat_explorer.analysis.keywords import check_keywords
 from remat_explorer.analysis.layouts import scan_layouts
 from remat_explorer.analysis.policy_info import NO_REMAT, describe_policy
 from remat_explorer.analysis.policy_text import parse_policy
+from remat_explorer.analysis.problem import function_name
+from remat_explorer.analysis.program import DEFAULT_LOWERING
 from remat_explorer.analysis.report import RematReport, plain_data
 from remat_explorer.engine import checkpoint_policies
 
@@ -177,7 +182,7 @@ def compare(f, *args, policies: Mapping[str, Any] | Sequence | None = None,
   rows = _with_warnings(_mark_pareto_front(
       _run(jobs, args, common, parallel, progress, repeats)))
   device = rows[0].costs
-  functions = ' / '.join(dict.fromkeys(r.report.function for r in rows))
+  functions = ' / '.join(dict.fromkeys(r.costs.function for r in rows))
   return Comparison(function=functions, device_kind=device.device_kind,
                     platform=device.platform, rows=tuple(rows),
                     warnings=tuple(f'{r.label}: {w}' for r in rows for w in r.warnings),
@@ -203,15 +208,19 @@ def _run(jobs: dict[str, tuple], args, common, parallel, progress, repeats):
   on worker threads, run times after."""
   here = TraceSettings.current()
 
-  def analyze_and_compile(fn, policy):
-    # A policy for a program without a block checkpoints it as a whole.
-    return (analyze(fn, *args, policy=policy, **common),
-            compile_costs(fn, *args, policy=policy, **common))
+  def analyze_and_compile(label, fn, policy):
+    # A policy for a program without a block checkpoints it as a whole. One
+    # that cannot be traced or compiled is a failed row; the others go on.
+    try:
+      return (analyze(fn, *args, policy=policy, **common),
+              compile_costs(fn, *args, policy=policy, **common))
+    except Exception as e:
+      return None, _failed_costs(fn, label, common.get('lowering'), e)
 
   workers = max(1, min(parallel or usable_cores(), len(jobs)))
   results: dict[str, tuple] = {}
   with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-    futures = {pool.submit(here.wrap(analyze_and_compile), fn, policy): label
+    futures = {pool.submit(here.wrap(analyze_and_compile), label, fn, policy): label
                for label, (fn, policy) in jobs.items()}
     try:
       for future in concurrent.futures.as_completed(futures):
@@ -225,7 +234,7 @@ def _run(jobs: dict[str, tuple], args, common, parallel, progress, repeats):
   rows = []
   for label, (fn, policy) in jobs.items():
     report, costs = results[label]
-    if repeats:  # the executable is cached: this only times its runs
+    if repeats and not costs.failed:  # the executable is cached: this only times its runs
       costs = compile_costs(fn, *args, policy=policy, repeats=repeats, **common)
     rows.append(_row(label, policy, report, costs))
   return rows
@@ -269,7 +278,20 @@ def _named_policy(text: str):
         f"\"save_only_these_names('query')\" ({e})") from None
 
 
+def _failed_costs(fn, label, lowering, e: Exception) -> CompiledCosts:
+  device = jax.devices()[0]
+  return CompiledCosts(function=function_name(fn), policy=label,
+                       lowering=lowering or DEFAULT_LOWERING, platform=device.platform,
+                       device_kind=device.device_kind, failed=True,
+                       error=error_summary(e, one_line=True))
+
+
 def _row(label, policy, report, costs) -> PolicyRow:
+  if report is None:  # it failed before XLA had a program
+    return PolicyRow(label=label, policy=policy, report=None, costs=costs,
+                     residual_bytes=None, flops=None, recompute_flops=None,
+                     xla_flops=None, temp_bytes=None, peak_bytes=None,
+                     compile_seconds=None, run_seconds=None, failed=True)
   flops, recompute, residual = report.total_flops, report.recompute_flops, report.residual_bytes
   return PolicyRow(
       label=label, policy=policy, report=report, costs=costs,

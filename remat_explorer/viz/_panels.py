@@ -4,8 +4,8 @@ is running, so the widget only assigns their results.
 
 from __future__ import annotations
 
-import traceback
 
+from remat_explorer.analysis import error_summary
 from remat_explorer.analysis.compare import recompute_eliminated
 from remat_explorer.viz.timeline_html import timeline_html
 from remat_explorer.viz.timeline_view import timeline_view
@@ -76,8 +76,9 @@ def warnings_html(warnings) -> str:
 
 
 def error_text(e: Exception) -> str:
-  """'ValueError: ...': the exception's type and message, without a traceback."""
-  return ''.join(traceback.format_exception_only(type(e), e)).strip()
+  """'ValueError: ...': the exception's type and message, without a
+  traceback or JAX's note about it."""
+  return error_summary(e)
 
 
 def error_html(message: str) -> str:

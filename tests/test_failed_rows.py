@@ -1,0 +1,64 @@
+"""A policy that fails stays in its row: the other rows complete, and the
+reason is one line a user reads, without JAX's traceback note."""
+
+import traceback
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import remat_explorer as rx
+from remat_explorer.analysis import compare, error_summary
+from remat_explorer.viz import charts, tables
+
+
+def _loss(w, x):
+  block = rx.checkpoint(lambda w, x: jnp.sin(jnp.tanh(x @ w) @ w))
+  return jnp.sum(block(w, x) ** 2)
+
+
+def _args(seed):
+  k1, k2 = jax.random.split(jax.random.key(seed))
+  return jax.random.normal(k1, (16, 16)), jax.random.normal(k2, (4, 16))
+
+
+def _raising_policy(prim, *_, **params):
+  raise KeyError(f'no rule for {prim}')
+
+
+def test_a_failing_policy_is_a_failed_row_and_the_others_complete():
+  args = _args(1)
+  comparison = compare(_loss, *args, policies={
+      'dots_saveable': rx.checkpoint_policies.dots_saveable,
+      'raises': _raising_policy,
+      'nothing_saveable': rx.checkpoint_policies.nothing_saveable})
+  by_label = {r.label: r for r in comparison.rows}
+  assert set(by_label) == {'as written', 'no remat', 'dots_saveable', 'raises',
+                           'nothing_saveable'}
+  failed = by_label['raises']
+  assert failed.failed and failed.report is None and failed.peak_bytes is None
+  assert not failed.on_pareto_front
+  reason = failed.costs.error
+  assert '\n' not in reason and reason.startswith('TypeError: ')
+  assert '_raising_policy' in reason and 'internal frames' not in reason
+  for label in ('as written', 'no remat', 'dots_saveable', 'nothing_saveable'):
+    row = by_label[label]
+    assert not row.failed and row.peak_bytes > 0 and row.flops > 0
+  assert comparison.pareto_front  # the front is drawn from the rows that compiled
+  # The table shows the failed row with its reason; the chart leaves it out.
+  html = tables.comparison_table_html(comparison)
+  assert 'raises' in html and 'no rule for' in html
+  charts.plot_pareto(comparison)
+
+
+def test_jax_traceback_note_is_left_out():
+  with pytest.raises(TypeError) as info:
+    jax.jit(lambda x: x.reshape(7))(jnp.ones(3))
+  e = info.value
+  full = ''.join(traceback.format_exception_only(type(e), e))
+  assert 'removed its internal frames' in full  # what users were shown before
+  summary = error_summary(e)
+  assert 'internal frames' not in summary and summary.startswith('TypeError: ')
+  assert 'reshape' in summary
+  first = error_summary(e, one_line=True)
+  assert '\n' not in first and summary.startswith(first.rstrip(' …'))
