@@ -131,6 +131,8 @@ AS_WRITTEN = 'as written'
 """The label of the program's own policies, unchanged."""
 AS_WRITTEN_NO_REMAT = 'as written (no remat)'
 """The label of a program without a remat block, as it is."""
+NO_REMAT_LABEL = 'no remat'
+"""The label of the program with its remat blocks removed."""
 
 
 def compare(f, *args, policies: Mapping[str, Any] | Sequence | None = None,
@@ -176,7 +178,7 @@ def compare(f, *args, policies: Mapping[str, Any] | Sequence | None = None,
     if include_as_written:
       jobs[AS_WRITTEN if first.blocks else AS_WRITTEN_NO_REMAT] = (f, None)
     if include_no_remat and (first.blocks or not include_as_written):
-      jobs['no remat'] = (f, NO_REMAT)
+      jobs[NO_REMAT_LABEL] = (f, NO_REMAT)
     for label, policy in _resolve_policies(policies, first.names_in_program).items():
       jobs.setdefault(label, (f, policy))
   rows = _with_warnings(_mark_pareto_front(

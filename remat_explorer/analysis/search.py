@@ -8,9 +8,10 @@ and dtypes, parameters), as a greedy knapsack: each handle is priced by the
 analysis (the residual bytes it adds, the recompute FLOPs it removes), which
 compiles nothing for a program on one device (for a sharded one it compiles
 the forward pass to learn the residuals' shardings, and counts it), and
-the result is verified by compiling it. The built-in policies are compiled
-too and are candidates, so the answer never uses more FLOPs than a built-in
-policy that fits the same budget.
+the result is verified by compiling it. The built-in policies, the program
+as written and the program without remat are compiled too and are
+candidates, so the answer is never beaten on both peak and FLOPs by any of
+them: it is on the Pareto front of everything the search compiled.
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ import numpy as np
 
 from remat_explorer.analysis.analyze import analyze
 from remat_explorer.analysis.chosen_policy import ROLES, EquationPattern, SaveChosen
-from remat_explorer.analysis.compare import builtin_policies
+from remat_explorer.analysis.compare import (AS_WRITTEN, AS_WRITTEN_NO_REMAT,
+                                             NO_REMAT_LABEL, builtin_policies)
 from remat_explorer.analysis.compiled import CompiledCosts, compile_costs
 from remat_explorer.analysis.context import compiles_run
 from remat_explorer.analysis.keywords import check_keywords
+from remat_explorer.analysis.policy_info import NO_REMAT
 from remat_explorer.analysis.report import RematReport, plain_data
 from remat_explorer.analysis.units import format_bytes, format_flops
 
@@ -75,6 +78,10 @@ class SearchResult:
     (paste it next to ``jax.checkpoint(..., policy=policy)``)."""
     if isinstance(self.policy, SaveChosen):
       return 'import jax\n\n' + self.policy.to_source()
+    if self.policy is None:
+      return '# The program as written: keep its own checkpoints and policies.\n'
+    if self.policy is NO_REMAT:
+      return '# No remat: call the checkpointed functions without jax.checkpoint.\n'
     from remat_explorer.analysis.policy_info import describe_policy
     return f'import jax\n\npolicy = jax.checkpoint_policies.{describe_policy(self.policy)}\n'
 
@@ -110,9 +117,25 @@ def search_policy(f, *args, memory_budget: int | float, argnums=0,
     run.say(i, len(policies), f'compiling {label}')
     builtins[label] = run.evaluate(label, policy)
   budget = _resolve_budget(memory_budget, builtins)
-  evaluated = dict(builtins)
+  # The program as written and without remat are answers too: a search
+  # never returns a policy that either of them beats on both peak and FLOPs.
+  own = {}
+  for label, policy in _own_rows(run).items():
+    run.say(0, None, f'compiling {label}')
+    own[label] = run.evaluate(label, policy)
+  evaluated = {**builtins, **own}
   evaluated.update(_greedy_choice(run, names, budget, builtins))
   return run.best(budget, evaluated)
+
+
+_OWN_LABELS = (AS_WRITTEN, AS_WRITTEN_NO_REMAT, NO_REMAT_LABEL)
+
+
+def _own_rows(run) -> dict[str, Any]:
+  """The program as written and, if it has remat blocks, without them."""
+  if run.report(None).blocks:
+    return {AS_WRITTEN: None, NO_REMAT_LABEL: NO_REMAT}
+  return {AS_WRITTEN_NO_REMAT: None}
 
 
 def _check_budget_type(memory_budget) -> None:
@@ -177,8 +200,11 @@ class _Runner:
                   fits=not c.failed and c.peak_bytes <= budget)
         for label, (c, r) in evaluated.items())
     fitting = [c for c in candidates if c.fits]
+    # Fewest FLOPs, then the lowest peak: nothing that fits is better on
+    # both, and nothing that does not fit has a lower peak. On a tie the
+    # program as it is wins: nothing to change.
     pool = fitting or [min(candidates, key=lambda c: c.peak_bytes or float('inf'))]
-    chosen = min(pool, key=lambda c: (c.flops, c.peak_bytes))
+    chosen = min(pool, key=lambda c: (c.flops, c.peak_bytes, c.label not in _OWN_LABELS))
     costs, report = evaluated[chosen.label]
     policy = self.policies[chosen.label]
     return SearchResult(
@@ -194,6 +220,12 @@ def _explain(chosen: Candidate, policy, budget, candidates, fits) -> str:
     return (f'Nothing fits {format_bytes(budget)}: the smallest compiled peak, '
             f'{chosen.label}\'s, is {format_bytes(chosen.peak_bytes)}. Raise the '
             'budget, or make the step smaller (batch, sequence, sharding).')
+  if chosen.label in _OWN_LABELS:
+    program = ('The program as written' if chosen.label != NO_REMAT_LABEL
+               else 'The program without remat')
+    return (f'{program} fits: compiled peak {format_bytes(chosen.peak_bytes)} within '
+            f'the {format_bytes(budget)} budget, with the fewest FLOPs of every '
+            f'policy compiled ({format_flops(chosen.flops)}); no policy to change.')
   what = (policy.summary(200) if isinstance(policy, SaveChosen)
           else f'the built-in {chosen.label}')
   nothing = next((c for c in candidates if c.label == 'nothing_saveable'), None)
