@@ -123,8 +123,8 @@ def device_text(report) -> str:
 
 
 def budget_bytes(fraction: float, ends: tuple[int, int]) -> int:
-  """A fraction of the way from nothing_saveable's compiled peak to
-  everything_saveable's, in bytes, as ``search_policy`` resolves it."""
+  """A fraction of the way from the lowest compiled peak known to the
+  highest (`ends`), in bytes."""
   low, high = ends
   return int(low + fraction * (high - low))
 
@@ -140,11 +140,12 @@ def budget_html(fraction: float, ends: tuple[int, int] | None) -> str:
   """Beside the budget slider: the bytes its fraction stands for, or that
   they are being compiled."""
   if ends is None:
-    return ('<span class="remat-caption" title="compiling nothing_saveable and '
-            'everything_saveable, the budget\'s ends">≈ … bytes (compiling…)</span>')
+    return ('<span class="remat-caption" title="compiling nothing_saveable, '
+            'everything_saveable, the program as written and without remat, whose '
+            'peaks the budget spans">≈ … bytes (compiling…)</span>')
   low, high = ends
-  return (f'<span title="0%: nothing_saveable\'s compiled peak, {format_bytes(low)}; '
-          f'100%: everything_saveable\'s, {format_bytes(high)}">'
+  return (f'<span title="0%: the lowest compiled peak known, {format_bytes(low)}; '
+          f'100%: the highest, {format_bytes(high)}">'
           f'≈ {format_bytes(budget_bytes(fraction, ends))} '
           f'<span class="remat-caption">({format_bytes(low)} – {format_bytes(high)})'
           '</span></span>')

@@ -1,11 +1,13 @@
 """The Explorer's memory budget and policy search: the slider with the bytes
 it stands for, the search button, and what the search found.
 
-The slider is a fraction of the way from nothing_saveable's compiled peak to
-everything_saveable's, as ``search_policy`` takes it; both are compiled in
-the background when the Explorer opens (and for each lowering), the very
-compiles the search then finds cached, so that the bytes show beside the
-fraction. The search runs on a worker; its result goes to the Explorer
+The slider spans every compiled peak the Explorer knows before a search:
+from the lowest to the highest of nothing_saveable's, everything_saveable's,
+the program as written and the program without remat (the last two may lie
+outside the first two). They are compiled in the background when the
+Explorer opens (and for each lowering), the very compiles the search then
+finds cached; once they are known the search is given the budget in bytes,
+as the note beside the slider shows it. The search runs on a worker; its result goes to the Explorer
 (``Explorer._searched``), which selects and compares its policy.
 """
 
@@ -13,11 +15,13 @@ from __future__ import annotations
 
 import jax
 
-from remat_explorer.analysis import compile_costs, search_policy
-from remat_explorer.analysis.policy_info import describe_policy
+from remat_explorer.analysis import NO_REMAT, compile_costs, search_policy
 from remat_explorer.viz import _panels
 
-_ENDS = (jax.checkpoint_policies.nothing_saveable, jax.checkpoint_policies.everything_saveable)
+# The policies whose compiled peaks the slider spans, by label.
+_ENDS = {'nothing_saveable': jax.checkpoint_policies.nothing_saveable,
+         'everything_saveable': jax.checkpoint_policies.everything_saveable,
+         'as written': None, 'no remat': NO_REMAT}
 
 
 class BudgetSearch:
@@ -28,7 +32,7 @@ class BudgetSearch:
     import ipywidgets as w
     self.explorer = explorer
     self.ends: dict[str, tuple[int, int]] = {}
-    """(nothing_saveable's peak, everything_saveable's) by lowering."""
+    """(the lowest compiled peak known, the highest) by lowering."""
     self.slider = w.FloatSlider(value=0.5, min=0.0, max=1.0, step=0.05,
                                 description='budget', readout_format='.0%')
     self.note = w.HTML()
@@ -53,13 +57,14 @@ class BudgetSearch:
 
     def run(progress):
       peaks = []
-      for i, policy in enumerate(_ENDS):
-        progress(i, len(_ENDS), describe_policy(policy))
+      for i, (label, policy) in enumerate(_ENDS.items()):
+        progress(i, len(_ENDS), label)
         costs = compile_costs(x.f, *x.args, policy=policy, **self._options(lowering))
-        if costs.failed:
-          raise RuntimeError(f'{describe_policy(policy)} did not compile: {costs.error}')
-        peaks.append(costs.peak_bytes)
-      return tuple(peaks)
+        if not costs.failed:  # one that fails is no end
+          peaks.append(costs.peak_bytes)
+      if not peaks:
+        raise RuntimeError('none of ' + ', '.join(_ENDS) + ' compiled')
+      return min(peaks), max(peaks)
 
     def learned(peaks):
       self.ends[lowering] = peaks
@@ -78,10 +83,15 @@ class BudgetSearch:
     budget, lowering = self.slider.value, x.lowering.value
     within = _panels.budget_text(budget, self.ends.get(lowering))
 
+    ends = self.ends.get(lowering)
+    # In bytes once the slider's ends are known: its range is wider than the
+    # fraction search_policy takes (nothing_saveable to everything_saveable).
+    memory_budget = budget if ends is None else max(1, _panels.budget_bytes(budget, ends))
+
     def run(progress):
       # The search counts its built-in policies, then prices and verifies
       # choices as long as it needs: no total there.
-      return search_policy(x.f, *x.args, memory_budget=budget, progress=progress,
+      return search_policy(x.f, *x.args, memory_budget=memory_budget, progress=progress,
                            **self._options(lowering))
 
     def failed(e):
