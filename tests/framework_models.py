@@ -3,7 +3,8 @@ explorer: a Flax Linen ``nn.scan(nn.remat(Block))`` stack trained with an
 optax loss, a Flax NNX ``nnx.scan`` + ``nnx.remat`` model with
 ``checkpoint_name``s, and an Equinox model whose scanned layers are
 ``eqx.filter_checkpoint``ed. Each builder returns ``(loss_fn, args)`` with
-the parameters first, from a fixed seed."""
+the parameters first, from a fixed seed; ``remat=False`` builds the same
+model as its user would without remat."""
 
 import equinox as eqx
 import jax
@@ -42,20 +43,23 @@ class LinenModel(nn.Module):
   num_layers: int = 3
   d_model: int = 32
   num_heads: int = 4
+  remat: bool = True
 
   @nn.compact
   def __call__(self, tokens):
     x = nn.Embed(VOCAB, self.d_model, name='embed')(tokens)
     policy = jax.checkpoint_policies.save_only_these_names('qkv', 'mlp_hidden')
-    stack = nn.scan(nn.remat(LinenBlock, policy=policy, prevent_cse=False),
+    block = (nn.remat(LinenBlock, policy=policy, prevent_cse=False) if self.remat
+             else LinenBlock)
+    stack = nn.scan(block,
                     variable_axes={'params': 0}, split_rngs={'params': True},
                     length=self.num_layers)
     x, _ = stack(self.d_model, self.num_heads, name='blocks')(x, None)
     return nn.Dense(VOCAB, name='head')(nn.LayerNorm(name='ln_final')(x))
 
 
-def linen_transformer(batch=4, seq=16):
-  model = LinenModel()
+def linen_transformer(batch=4, seq=16, remat=True):
+  model = LinenModel(remat=remat)
   tokens = jax.random.randint(jax.random.key(0), (batch, seq), 0, VOCAB)
   params = model.init(jax.random.key(1), tokens)['params']
 
@@ -101,7 +105,8 @@ class NnxBlock(nnx.Module):
 
 
 class NnxModel(nnx.Module):
-  def __init__(self, layers=3, d=32, heads=4, *, rngs):
+  def __init__(self, layers=3, d=32, heads=4, *, rngs, remat=True):
+    self.remat = remat
     self.embed = nnx.Embed(VOCAB, d, rngs=rngs)
 
     @nnx.split_rngs(splits=layers)
@@ -115,15 +120,15 @@ class NnxModel(nnx.Module):
     x = self.embed(tokens)
     policy = jax.checkpoint_policies.save_only_these_names('query', 'mlp_hidden')
 
-    @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
-    @nnx.remat(policy=policy)
     def run(x, block):
       return block(x)
-    return self.head(run(x, self.blocks))
+    if self.remat:
+      run = nnx.remat(run, policy=policy)
+    return self.head(nnx.scan(run, in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)(x, self.blocks))
 
 
-def nnx_transformer(batch=4, seq=16):
-  graphdef, params = nnx.split(NnxModel(rngs=nnx.Rngs(0)))
+def nnx_transformer(batch=4, seq=16, remat=True):
+  graphdef, params = nnx.split(NnxModel(rngs=nnx.Rngs(0), remat=remat))
   tokens = jax.random.randint(jax.random.key(2), (batch, seq), 0, VOCAB)
 
   def loss_fn(params, tokens):
@@ -160,7 +165,10 @@ class EqxModel(eqx.Module):
   layers: EqxLayer
   head: eqx.nn.Linear
 
-  def __init__(self, layers=3, d=32, heads=4, *, key):
+  remat: bool = eqx.field(static=True)
+
+  def __init__(self, layers=3, d=32, heads=4, *, key, remat=True):
+    self.remat = remat
     k1, k2, k3 = jax.random.split(key, 3)
     self.embed = eqx.nn.Embedding(VOCAB, d, key=k1)
     self.layers = eqx.filter_vmap(lambda k: EqxLayer(d, heads, k))(jax.random.split(k2, layers))
@@ -170,15 +178,17 @@ class EqxModel(eqx.Module):
     x = jax.vmap(self.embed)(tokens)
     dynamic, static = eqx.partition(self.layers, eqx.is_array)
 
-    @eqx.filter_checkpoint(policy=jax.checkpoint_policies.save_only_these_names('mlp_hidden'))
     def layer_step(x, params):
       return eqx.combine(params, static)(x)
+    if self.remat:
+      layer_step = eqx.filter_checkpoint(
+          layer_step, policy=jax.checkpoint_policies.save_only_these_names('mlp_hidden'))
     x, _ = jax.lax.scan(lambda x, p: (layer_step(x, p), None), x, dynamic)
     return jax.vmap(self.head)(x)
 
 
-def equinox_transformer(batch=4, seq=16):
-  model = EqxModel(key=jax.random.key(3))
+def equinox_transformer(batch=4, seq=16, remat=True):
+  model = EqxModel(key=jax.random.key(3), remat=remat)
   tokens = jax.random.randint(jax.random.key(4), (batch, seq), 0, VOCAB)
 
   def loss_fn(model, tokens):

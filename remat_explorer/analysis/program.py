@@ -153,9 +153,10 @@ class _Walker:
   def rewrite(self, jaxpr: core.Jaxpr, path, trip_count, parent, site) -> core.Jaxpr:
     """`site`: the user's line of the innermost enclosing equation that has
     one; JAX records only a body's own frames for the equations in it."""
-    eqns = [self._rewrite_eqn(e, path, trip_count, parent,
-                              user_site(e.source_info) or site)
-            for e in jaxpr.eqns]
+    eqns = []
+    for e in jaxpr.eqns:
+      new = self._rewrite_eqn(e, path, trip_count, parent, user_site(e.source_info) or site)
+      eqns.extend(new if isinstance(new, list) else [new])
     if id(jaxpr) in self._rewritten:
       return self._rewritten[id(jaxpr)][1]
     rewritten = jaxpr.replace(eqns=eqns)
@@ -205,7 +206,10 @@ class _Walker:
         library='remat_explorer' if eqn.primitive is checkpoint_p else 'jax',
         parent=parent)
     if policy is NO_REMAT:
-      return core.new_jaxpr_eqn(
+      # The block's equations in place of it, as if the user had called
+      # the function without remat; a call only where that cannot be
+      # written (an output that is an input or repeated).
+      return _inlined(eqn, body) or core.new_jaxpr_eqn(
           eqn.invars, eqn.outvars, closed_call_p,
           dict(call_jaxpr=core.ClosedJaxpr(body, [])), eqn.effects,
           eqn.source_info, eqn.ctx)
@@ -216,6 +220,32 @@ class _Walker:
     if isinstance(self.policy, Mapping):
       return next((self.policy[n] for n in names if n in self.policy), own_policy)
     return own_policy if self.policy is None else self.policy
+
+
+def _inlined(eqn, body: core.Jaxpr) -> list | None:
+  """`body`'s equations computing `eqn`'s outputs from its inputs, with
+  fresh variables (a body called several times is inlined several times),
+  or None where an output is not made by an equation of its own."""
+  defined = {v for e in body.eqns for v in e.outvars}
+  outs = [v for v in body.outvars if isinstance(v, core.Var)]
+  if (body.constvars or len(outs) != len(body.outvars)
+      or any(v not in defined for v in outs) or len(set(outs)) != len(outs)):
+    return None
+  env = dict(zip(body.invars, eqn.invars))
+  for inner, outer in zip(body.outvars, eqn.outvars):
+    env[inner] = outer if not isinstance(outer, core.DropVar) else core.Var(inner.aval)
+
+  def read(v):
+    return env.get(v, v) if isinstance(v, core.Var) else v
+
+  def write(v):
+    if isinstance(v, core.DropVar):
+      return v
+    if v not in env:
+      env[v] = core.Var(v.aval)
+    return env[v]
+  return [e.replace(invars=[read(v) for v in e.invars], outvars=[write(v) for v in e.outvars])
+          for e in body.eqns]
 
 
 def _construct(eqn) -> tuple[str, int | None]:
