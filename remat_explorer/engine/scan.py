@@ -37,6 +37,7 @@ from jax import lax
 from remat_explorer.engine.api import checkpoint
 from remat_explorer.engine.introspect import scan_scope
 from remat_explorer.engine.lowering import enclosing_strategy
+from remat_explorer.engine.revolve_scan import revolve_scan
 from remat_explorer.engine.scan_plans import (
     Chain, Checkpointed, Loop, Step, plan_for, resolve_schedule, scan_schedule_costs)
 
@@ -95,14 +96,19 @@ def checkpointed_scan(f: Callable, init, xs=None, length: int | None = None, *,
     return lax.scan(checkpoint(f, policy=policy), init, xs, length=0, reverse=reverse,
                     unroll=unroll)
   init, has_effects = _as_lax_scan_carries(f, init, xs, n)
+  kind, size = resolve_schedule(schedule, segments, n)
+  # The schedule, its length and its carry, in the name of the scope the
+  # program runs in: what the analysis reads to put the schedule's
+  # predicted costs beside the measured ones.
+  scope = scan_scope(scan_schedule_costs(n, schedule, segments).schedule, n, init)
+  if kind == 'binomial':
+    with jax.named_scope(scope):
+      return revolve_scan(f, init, xs, n, size, reverse=reverse, unroll=unroll, scope=scope)
   runner = _Runner(f, policy, reverse, unroll, _chain_block_lowering(has_effects))
   plan = plan_for(n, schedule, segments)
   # Chains of blocks read the steps' inputs in place (see _Runner).
   in_place = isinstance(plan, Chain) and bool(jax.tree_util.tree_leaves(xs))
-  # The schedule, its length and its carry, in the name of the scope the
-  # program runs in: what the analysis reads to put the schedule's
-  # predicted costs beside the measured ones.
-  with jax.named_scope(scan_scope(scan_schedule_costs(n, schedule, segments).schedule, n, init)):
+  with jax.named_scope(scope):
     return runner.run(plan, init, xs, (xs, 0) if in_place else None)
 
 
