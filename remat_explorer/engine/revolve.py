@@ -57,8 +57,11 @@ def binomial_table(n: int, s: int) -> np.ndarray:
   part of the schedule needs no more repetitions than the whole. With one
   snapshot the split needs no table (see ``split``), so s = 1 gets none."""
   t_max = repetitions(n, s) if s >= 2 else 0
-  return np.array([[math.comb(c + t, c) for t in range(t_max + 1)]
-                   for c in range(s + 1)], dtype=np.int32)
+  table = [[math.comb(c + t, c) for t in range(t_max + 1)] for c in range(s + 1)]
+  if table[s][t_max] >= 2**31:
+    raise ValueError(f"schedule=('binomial', {s}) for {n} steps needs binomial numbers "
+                     'past 32-bit integers; fewer steps per scan would do.')
+  return np.array(table, dtype=np.int32)
 
 
 def split(length, carries, table, xp):

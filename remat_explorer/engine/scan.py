@@ -2,8 +2,8 @@
 
 ``lax.scan(checkpoint(f))``, the usual idiom, still keeps one carry per step
 for the backward pass. ``checkpointed_scan`` runs the same loop under a
-schedule of nested checkpoints (``scan_plans`` builds the plan and says why it
-costs what it does) and keeps only the schedule's carries:
+schedule (``scan_plans`` says why each costs what it does) and keeps only
+the schedule's carries:
 
 * ``'every'``: ``lax.scan(checkpoint(f))``, n carries, each step evaluated
   twice;
@@ -13,16 +13,16 @@ costs what it does) and keeps only the schedule's carries:
 * ``('binomial', s)``: Griewank's binomial schedule, at most `s` carries and
   the fewest step evaluations possible with them.
 
-The program is built from our ``checkpoint`` and ``lax.scan`` only, so every
-JAX transformation that applies to those applies here (``jit``, ``vmap``,
-``jvp``, ``grad`` of ``grad``, sharded inputs).
+The nested schedules are built from our ``checkpoint`` and ``lax.scan``
+only, so every JAX transformation that applies to those applies to them
+(``jit``, ``vmap``, ``jvp``, ``grad`` of ``grad``, sharded inputs). The
+binomial schedule is one loop with its own VJP (``revolve_scan``): its
+program does not grow with n, and it takes ``jit``, ``vmap``, ``grad`` of
+``grad`` and ``jvp`` of ``grad``, but not ``jvp`` of the scan itself.
 
 What else the backward pass holds: one step's intermediates at a time (its
 "tape"), what `policy` lets a step save, and, when `xs` is differentiated,
-the pieces of its cotangent until they are concatenated (about the size of
-`xs` for the binomial schedule). The binomial schedule is a tree of blocks,
-not a loop: XLA compiles every block where it occurs, so its compile time
-grows with n (a minute or more for 1,024 steps).
+its cotangent (the size of `xs`).
 """
 
 from __future__ import annotations
@@ -69,8 +69,10 @@ def checkpointed_scan(f: Callable, init, xs=None, length: int | None = None, *,
     policy: the checkpoint policy of each step, as for ``checkpoint``:
       which of a step's intermediates its checkpoint may save. (The last
       step of each block is not checkpointed: its backward pass follows
-      at once.)
-    unroll: as for ``lax.scan``; applies to the loops over single steps.
+      at once.) The binomial loop linearizes each step right before its
+      VJP, so it saves nothing a policy could choose.
+    unroll: as for ``lax.scan``; applies to the loops over single steps
+      (the binomial schedule's forward and backward loops).
 
   Example:
     >>> import jax, jax.numpy as jnp

@@ -1,9 +1,11 @@
 """Schedules for ``checkpointed_scan``: which steps are checkpointed, and how.
 
-A schedule is a *plan*: a small tree saying how the `n` steps of a scan are
-grouped into checkpointed blocks and ``lax.scan`` loops. ``scan.py`` turns a
-plan into a program; this module is plain Python, so the same plan also gives
-the predicted costs (``scan_schedule_costs``) without tracing anything.
+The nested schedules ('every', 'sqrt', segments) are *plans*: small trees
+saying how the `n` steps of a scan are grouped into checkpointed blocks and
+``lax.scan`` loops. ``scan.py`` turns a plan into a program. The binomial
+schedule is no tree but one loop, run by ``revolve_scan`` under the rules of
+``revolve``. This module is plain Python, so it also gives every schedule's
+predicted costs (``scan_schedule_costs``) without tracing anything.
 
 How nested checkpoints make a schedule. In ``y = rest(checkpoint(head)(x))``
 the forward pass evaluates `head` once and keeps only its input `x`; `rest`
@@ -22,8 +24,8 @@ most, Griewank's binomial schedule recomputes the fewest steps possible:
     p(n, s) = t*n - C(s + t, t - 1),  t the least integer with C(s + t, s) >= n,
 
 the number of forward advances of the "revolve" algorithm (each step's final
-evaluation, which records its tape, is the `n` already counted). `t` is also
-the nesting depth: each step is evaluated at most `t + 1` times.
+evaluation, which records its tape, is the `n` already counted). Each step
+is evaluated at most `t + 1` times.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+
+from remat_explorer.engine.revolve import binomial_recomputations, repetitions
 
 # -- plans ----------------------------------------------------------------------
 #
@@ -76,7 +80,6 @@ class Checkpointed:
     return self.body.length
 
 
-_TAPED = Step(checkpointed=False)
 _CHECKPOINTED = Step(checkpointed=True)
 _checkpointed = functools.cache(Checkpointed)
 
@@ -116,59 +119,6 @@ def segments_plan(n: int, k: int):
                 _loop(segment(length), k - longer))
 
 
-@functools.cache
-def binomial_plan(n: int, s: int):
-  """The revolve-optimal nesting for `n` steps holding at most `s` carries."""
-  if n == 1:
-    return _TAPED
-  t = repetitions(n, s)
-  if t == 1:
-    # s + 1 steps or fewer: every step but the last keeps its input. The
-    # first keeps it by reference (no copy), the middle ones in a loop.
-    return _chain(_CHECKPOINTED, _loop(_CHECKPOINTED, n - 2), _TAPED)
-  head = _binomial_split(n, s, t)
-  # The head's input is held while the rest runs, so the rest has one
-  # carry fewer; the head is then recomputed with all `s`.
-  return _chain(_checkpointed(binomial_plan(head, s)), binomial_plan(n - head, s - 1))
-
-
-def _binomial_split(n, s, t):
-  """Length of the first checkpointed block in an optimal schedule.
-
-  Splitting `n` steps into a head of `m` (reversed later with `s` carries,
-  so with at most `t - 1` repetitions) and a rest of `n - m` (reversed with
-  `s - 1`, at most `t` repetitions) costs exactly ``p(n, s)`` when both fit
-  those budgets; the range below is where they do. Taking its top keeps one
-  of the two parts an exact binomial size, so few distinct blocks occur.
-  """
-  low = max(_beta(s, t - 2), n - _beta(s - 1, t))
-  high = min(_beta(s, t - 1), n - _beta(s - 1, t - 1))
-  assert 1 <= low <= high < n, (n, s, t, low, high)
-  return high
-
-
-# -- the binomial numbers --------------------------------------------------------
-
-def _beta(s: int, t: int) -> int:
-  """How many steps `s` carries can reverse with `t` repetitions: C(s+t, s)."""
-  return math.comb(s + t, s) if t >= 0 else 0
-
-
-def repetitions(n: int, s: int) -> int:
-  """The least `t` with C(s + t, s) >= n: how often the worst step is
-  re-evaluated beyond once, in an optimal schedule with `s` carries."""
-  t = 0
-  while _beta(s, t) < n:
-    t += 1
-  return t
-
-
-def binomial_recomputations(n: int, s: int) -> int:
-  """Griewank's minimum number of recomputed steps, ``t*n - C(s+t, t-1)``."""
-  t = repetitions(n, s)
-  return t * n - (math.comb(s + t, t - 1) if t >= 1 else 0)
-
-
 # -- predicted costs -------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
@@ -191,7 +141,8 @@ class ScanScheduleCosts:
   recomputed_steps: int
   """``step_evaluations - n``: evaluations beyond those of ``lax.scan``."""
   levels: int
-  """Nesting depth of the checkpoints around a step (1 for 'every')."""
+  """Nesting depth of the checkpoints around a step (1 for 'every'); for
+  the binomial loop, `t`: a step is evaluated at most ``levels + 1`` times."""
 
 
 def scan_schedule_costs(n: int, schedule='every', segments: int | None = None
@@ -221,14 +172,13 @@ def scan_schedule_costs(n: int, schedule='every', segments: int | None = None
 
 
 def plan_for(n: int, schedule, segments=None):
-  """The plan of a schedule for `n >= 1` steps."""
+  """The plan of a nested schedule ('every' or segments) for `n >= 1` steps;
+  the binomial schedule is a loop (``revolve``), not a plan."""
   kind, size = resolve_schedule(schedule, segments, n)
   if kind == 'every':
     return every_plan(n)
-  if kind == 'segments':
-    return segments_plan(n, size)
-  _check_depth(n, size)
-  return binomial_plan(n, size)
+  assert kind == 'segments', kind
+  return segments_plan(n, size)
 
 
 def sqrt_segments(n: int) -> int:
@@ -238,22 +188,6 @@ def sqrt_segments(n: int) -> int:
 
 _SCHEDULES = ("'every', 'sqrt', 'segments' (with segments=k), or "
               "('binomial', s) with an int s >= 1")
-
-
-MAX_LEVELS = 32
-"""The deepest nesting of checkpoints a binomial schedule may use. Each level
-is a nested trace and transformation in JAX, which recurses in Python; past
-a few dozen levels that exhausts the interpreter's stack."""
-
-
-def _check_depth(n, s):
-  levels = repetitions(n, s)
-  if levels > MAX_LEVELS:
-    fits = next(k for k in range(s + 1, n + 1) if repetitions(n, k) <= MAX_LEVELS)
-    raise ValueError(
-        f"schedule=('binomial', {s}) needs checkpoints nested {levels} deep for "
-        f'{n} steps, more than the {MAX_LEVELS} levels supported (each level re-runs '
-        f'a step once more); s >= {fits} stays within them.')
 
 
 def resolve_schedule(schedule, segments, n):
