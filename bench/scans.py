@@ -1,168 +1,207 @@
-"""Scan benchmark: the gradient of a long scan under each checkpointing schedule.
+"""Scan benchmark: a long checkpointed loop against Equinox and diffrax.
 
-Compiles ``jax.grad`` of a 1,024-step scan with a 1 MiB float32 carry (the
-step couples each element to its column's mean, so XLA cannot fuse steps
-together) under ``lax.scan`` without remat, the ``scan(jax.checkpoint(f))``
-idiom, a hand-written nested scan with ``jax.checkpoint``, and
-``checkpointed_scan``'s schedules, all in the same run. For each it prints
-what ``scan_schedule_costs`` predicts next to what was measured:
+The gradient of a neural ODE integrated by `n` Euler steps (a 16 x 64
+float32 state, a 64 x 64 weight closed over by the step), under:
 
-* carries: predicted snapshots, and XLA's temp bytes in units of the carry;
-* recomputed: predicted recomputed steps, and the step's evaluations counted
-  in the gradient's jaxpr (loop trip counts applied) minus n;
-* temp MiB, GFLOP (our jaxpr count, trip counts applied; XLA's own count runs
-  each loop body once, so it is shown apart), the median run time (the rows
-  take turns), compile time, and ratios against ``lax.scan``.
+* ``lax.scan`` without remat, and the ``scan(jax.checkpoint(f))`` idiom;
+* ``checkpointed_scan`` with ``'sqrt'`` and ``('binomial', s)``;
+* Equinox's ``while_loop(kind='checkpointed', checkpoints=s)``;
+* diffrax's ``diffeqsolve`` with ``RecursiveCheckpointAdjoint(checkpoints=s)``
+  (the same Euler steps, as an ODE solve).
 
-    .venv/bin/python bench/scans.py [--steps N] [--side S] [--repeats R]
+Each row runs in its own process (so the compile's memory is its own) and
+reports: compile time, the process's peak memory growth while compiling
+(``ru_maxrss``), XLA's temp bytes, the step evaluations one gradient makes
+(counted at run time by a callback in the step, in a second compile), the
+median run time, and the gradient's largest relative error against
+``lax.scan``'s. The table's last columns are ratios against Equinox's
+checkpointed loop with the same `s`, measured in the same run: the targets
+are compile <= 1.5x, temp <= 1.25x, evaluations <= 1x, run time <= 1.2x.
 
-With the defaults it takes several minutes: the binomial programs are trees
-of checkpointed blocks that XLA compiles for a minute or two each.
+    .venv/bin/python bench/scans.py [--steps 256 1024 10000] [--checkpoints 4 8]
+                                    [--repeats 5] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
-import math
+import json
+import resource
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 
-import jax
-import jax.extend.core
-import jax.numpy as jnp
-import numpy as np
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+BATCH, HIDDEN, RATE = 16, 64, 0.05
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import remat_explorer as rx  # noqa: E402
-from remat_explorer.analysis.flops import jaxpr_flops  # noqa: E402
-
-
-def step(c, x):
-  return jnp.tanh(c * x[0] + x[1] * jnp.mean(c, axis=0)), jnp.sum(c[0]) * x[0]
+# Rows whose costs do not depend on `s` run once per n.
+PLAIN = ('lax.scan (no remat)', 'scan(jax.checkpoint(f))', 'ours: sqrt')
+PER_S = ('ours: binomial', 'equinox checkpointed', 'diffrax recursive checkpoint')
 
 
-def hand_segments(n):
-  """The largest k <= sqrt(n) dividing n."""
-  return next(k for k in range(math.isqrt(n), 0, -1) if n % k == 0)
+# -- one row, in its own process ------------------------------------------------
+
+def _gradient_function(method: str, n: int, s: int, count=None):
+  """``grad`` of the loss w.r.t. (weight, initial state) under `method`;
+  `count` (a callable) is called once per step evaluation when given."""
+  import jax
+  import jax.numpy as jnp
+  from jax import lax
+
+  def vector_field(h, w):
+    if count is not None:
+      jax.debug.callback(lambda _: count(), h[0, 0])
+    return jnp.tanh(h @ w)
+
+  def loss(w, h0):
+    def step(h, _):
+      return h + RATE * vector_field(h, w), None
+
+    if method == 'lax.scan (no remat)':
+      h, _ = lax.scan(step, h0, length=n)
+    elif method == 'scan(jax.checkpoint(f))':
+      h, _ = lax.scan(jax.checkpoint(step), h0, length=n)
+    elif method.startswith('ours'):
+      import remat_explorer as rx
+      schedule = 'sqrt' if method == 'ours: sqrt' else ('binomial', s)
+      h, _ = rx.checkpointed_scan(step, h0, length=n, schedule=schedule)
+    elif method == 'equinox checkpointed':
+      import equinox.internal as eqxi
+      _, h = eqxi.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, step(c[1], None)[0]),
+                             (0, h0), max_steps=n, kind='checkpointed', checkpoints=s)
+    elif method == 'diffrax recursive checkpoint':
+      import diffrax
+      solution = diffrax.diffeqsolve(
+          diffrax.ODETerm(lambda t, y, w: RATE * vector_field(y, w)), diffrax.Euler(),
+          t0=0.0, t1=float(n), dt0=1.0, y0=h0, args=w, max_steps=n,
+          saveat=diffrax.SaveAt(t1=True),
+          adjoint=diffrax.RecursiveCheckpointAdjoint(checkpoints=s))
+      h = solution.ys[-1]
+    else:
+      raise ValueError(method)
+    return jnp.mean(h ** 2)
+
+  return jax.jit(jax.grad(loss, argnums=(0, 1)))
 
 
-def nested_by_hand(f, init, xs):
-  """k checkpointed segments of scan(jax.checkpoint(f)), k = sqrt(n) dividing n."""
-  n = xs.shape[0]
-  k = hand_segments(n)
-  segment = lambda c, seg: jax.lax.scan(jax.checkpoint(f), c, seg)
-  carry, ys = jax.lax.scan(jax.checkpoint(segment), init, xs.reshape(k, n // k, -1))
-  return carry, ys.reshape(n)
+def measure_one(method: str, n: int, s: int, repeats: int) -> dict:
+  import jax
+  import numpy as np
 
+  rng = np.random.default_rng(0)
+  w = jax.numpy.asarray(rng.standard_normal((HIDDEN, HIDDEN)) / HIDDEN ** 0.5, 'float32')
+  h0 = jax.numpy.asarray(rng.standard_normal((BATCH, HIDDEN)), 'float32')
+  grad = _gradient_function(method, n, s)
 
-def rows(n):
-  """(label, scan function, predicted costs or None, why it cannot run or None)."""
-  ours = lambda **kw: (lambda f, c, xs: rx.checkpointed_scan(f, c, xs, **kw))
-  out = [('lax.scan (no remat)', jax.lax.scan, None, None),
-         ('scan(jax.checkpoint(f))',
-          lambda f, c, xs: jax.lax.scan(jax.checkpoint(f), c, xs),
-          rx.scan_schedule_costs(n, 'every'), None),
-         ('nested by hand (jax)', nested_by_hand,
-          rx.scan_schedule_costs(n, segments=hand_segments(n)), None),
-         ('ours: every', ours(schedule='every'), rx.scan_schedule_costs(n, 'every'), None),
-         ('ours: sqrt', ours(schedule='sqrt'), rx.scan_schedule_costs(n, 'sqrt'), None)]
-  for s in (8, 4, 2):
-    costs = rx.scan_schedule_costs(n, ('binomial', s))
-    refused = None
-    try:
-      rx.checkpointed_scan(lambda c, x: (c, None), 0.0, length=n, schedule=('binomial', s))
-    except ValueError as e:
-      refused = str(e).split(';')[0]
-    out.append((f'ours: binomial s={s}', ours(schedule=('binomial', s)), costs, refused))
-  return out
-
-
-def loss_of(scan, f=step):
-  def loss(c, xs):
-    carry, ys = scan(f, c, xs)
-    return jnp.sum(carry ** 2) + jnp.sum(ys)
-  return loss
-
-
-def evaluations(scan, c, xs):
-  """Step evaluations in the gradient, counted in its jaxpr: the step gets a
-  marker callback, and loop bodies count once per trip."""
-  def marked(c, x):
-    jax.debug.callback(lambda _: None, c[0, 0])
-    return step(c, x)
-
-  def count(jaxpr):
-    total = 0
-    for eqn in jaxpr.eqns:
-      total += eqn.primitive.name == 'debug_callback'
-      trips = eqn.params['length'] if eqn.primitive.name == 'scan' else 1
-      total += trips * sum(count(sub) for sub in jax.extend.core.jaxprs_in_params(eqn.params))
-    return total
-  return count(jax.make_jaxpr(jax.grad(loss_of(scan, marked)))(c, xs).jaxpr)
-
-
-def compile_row(scan, c, xs):
-  grad = jax.grad(loss_of(scan))
-  flops = jaxpr_flops(jax.make_jaxpr(grad)(c, xs))
+  lowered = grad.lower(w, h0)
+  rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
   start = time.perf_counter()
-  compiled = jax.jit(grad).lower(c, xs).compile()
+  compiled = lowered.compile()
   compile_s = time.perf_counter() - start
-  jax.block_until_ready(compiled(c, xs))  # warm-up
-  cost = compiled.cost_analysis()
-  cost = cost[0] if isinstance(cost, list) else cost
-  return dict(compiled=compiled, temp=compiled.memory_analysis().temp_size_in_bytes,
-              flops=flops, xla_flops=cost.get('flops', float('nan')), compile_s=compile_s,
-              evaluations=evaluations(scan, c, xs), times=[])
+  compile_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before
+  temp = compiled.memory_analysis().temp_size_in_bytes
 
-
-def time_rows(measured, c, xs, repeats):
-  """Median run times, the rows taking turns so that a busy machine slows
-  them alike."""
+  result = jax.block_until_ready(compiled(w, h0))
+  times = []
   for _ in range(repeats):
-    for m in measured:
-      start = time.perf_counter()
-      jax.block_until_ready(m['compiled'](c, xs))
-      m['times'].append(time.perf_counter() - start)
-  for m in measured:
-    m['seconds'] = statistics.median(m['times'])
+    start = time.perf_counter()
+    jax.block_until_ready(compiled(w, h0))
+    times.append(time.perf_counter() - start)
+
+  evaluations = [0]
+
+  def count():
+    evaluations[0] += 1
+
+  jax.block_until_ready(_gradient_function(method, n, s, count)(w, h0))
+  jax.effects_barrier()
+  reference = _gradient_function('lax.scan (no remat)', n, s)(w, h0)
+  error = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))
+                    / (np.max(np.abs(np.asarray(b))) or 1.0))
+              for a, b in zip(result, reference))
+  return dict(method=method, n=n, s=s, compile_s=compile_s, compile_rss_mib=compile_rss / 1024,
+              temp_bytes=temp, evaluations=evaluations[0],
+              run_s=statistics.median(times) if times else None, grad_error=error,
+              jax=jax.__version__, device=jax.devices()[0].device_kind)
+
+
+# -- the table ------------------------------------------------------------------------
+
+def run_row(method, n, s, repeats, timeout):
+  command = [sys.executable, __file__, '--one', method, '--steps', str(n),
+             '--checkpoints', str(s), '--repeats', str(repeats)]
+  try:
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+  except subprocess.TimeoutExpired:
+    return dict(method=method, n=n, s=s, error=f'over {timeout} s')
+  if done.returncode != 0:
+    last = (done.stderr.strip().splitlines() or ['no output'])[-1]
+    return dict(method=method, n=n, s=s, error=last[:120])
+  return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--steps', type=int, default=1024)
-  parser.add_argument('--side', type=int, default=512, help='the carry is side x side float32')
+  parser.add_argument('--steps', type=int, nargs='+', default=[256, 1024, 10_000])
+  parser.add_argument('--checkpoints', type=int, nargs='+', default=[4, 8])
   parser.add_argument('--repeats', type=int, default=5)
+  parser.add_argument('--timeout', type=int, default=600, help='seconds per row')
+  parser.add_argument('--json', type=Path, help='write every row here')
+  parser.add_argument('--one', help=argparse.SUPPRESS)
   args = parser.parse_args()
-  n = args.steps
-  rng = np.random.default_rng(0)
-  c = jnp.asarray(rng.standard_normal((args.side, args.side)), jnp.float32)
-  xs = jnp.asarray(rng.uniform(0.5, 1.0, (n, 2)), jnp.float32)
-  carry_bytes = c.size * 4
-  print(f'device: {jax.devices()[0].device_kind}  jax {jax.__version__}  {n} steps, '
-        f'carry {args.side}x{args.side} float32 ({carry_bytes / 2**20:.2f} MiB)')
-  header = (f"{'schedule':<24} {'carries':>7} {'(XLA)':>7} {'recomp':>7} {'(jaxpr)':>7} "
-            f"{'temp MiB':>9} {'GFLOP':>8} {'XLA GF':>7} {'run ms':>8} {'compile s':>9} "
-            f"{'temp/lax':>8} {'flops/lax':>9} {'time/lax':>8}")
+  if args.one:
+    print(json.dumps(measure_one(args.one, args.steps[0], args.checkpoints[0], args.repeats)))
+    return
+
+  import remat_explorer as rx
+  results = []
+  header = (f'{"row":<30} {"n":>6} {"s":>2} {"compile s":>9} {"compile MiB":>11} '
+            f'{"temp MiB":>9} {"evals":>7} {"predicted":>9} {"run ms":>8} {"grad err":>8}'
+            f' | {"× equinox: compile":>18} {"temp":>5} {"evals":>5} {"run":>5}')
   print(header)
-  print('-' * len(header))
-  table = []
-  for label, scan, costs, refused in rows(n):
-    table.append((label, costs, refused, None if refused else compile_row(scan, c, xs)))
-  time_rows([m for *_, m in table if m], c, xs, args.repeats)
-  base = table[0][3]
-  for label, costs, refused, m in table:
-    predicted = ((f'{costs.stored_carries:>7} ', f'{costs.recomputed_steps:>7} ')
-                 if costs else (f"{'-':>7} ", f"{0:>7} "))
-    if refused:
-      print(f'{label:<24} {predicted[0]}{"":>8}{predicted[1]}  not run: {refused}')
-      continue
-    print(f'{label:<24} {predicted[0]}{m["temp"] / carry_bytes:>7.1f} {predicted[1]}'
-          f'{m["evaluations"] - n:>7} {m["temp"] / 2**20:>9.1f} {m["flops"] / 1e9:>8.3f} '
-          f'{m["xla_flops"] / 1e9:>7.3f} {m["seconds"] * 1e3:>8.1f} {m["compile_s"]:>9.1f} '
-          f'{m["temp"] / base["temp"]:>8.4f} {m["flops"] / base["flops"]:>9.2f} '
-          f'{m["seconds"] / base["seconds"]:>8.2f}')
+  for n in args.steps:
+    for s_index, s in enumerate(args.checkpoints):
+      methods = (PLAIN if s_index == 0 else ()) + PER_S
+      rows = [run_row(m, n, s, args.repeats, args.timeout) for m in methods]
+      equinox = next((r for r in rows if r['method'] == 'equinox checkpointed'
+                      and 'error' not in r), None)
+      for r in rows:
+        results.append(r)
+        plain = r['method'] in PLAIN
+        label_s = '' if plain else str(s)
+        if 'error' in r:
+          print(f'{r["method"]:<30} {n:>6} {label_s:>2} failed: {r["error"]}')
+          continue
+        predicted = _predicted(rx, r['method'], n, s)
+        ratios = ''
+        if equinox is not None and not plain:
+          ratios = (f' | {r["compile_s"] / equinox["compile_s"]:>18.2f} '
+                    f'{r["temp_bytes"] / equinox["temp_bytes"]:>5.2f} '
+                    f'{r["evaluations"] / equinox["evaluations"]:>5.2f} '
+                    f'{r["run_s"] / equinox["run_s"]:>5.2f}')
+        print(f'{r["method"]:<30} {n:>6} {label_s:>2} {r["compile_s"]:>9.2f} '
+              f'{r["compile_rss_mib"]:>11.0f} {r["temp_bytes"] / 2**20:>9.2f} '
+              f'{r["evaluations"]:>7} {predicted:>9} {r["run_s"] * 1e3:>8.1f} '
+              f'{r["grad_error"]:>8.1e}{ratios}', flush=True)
+  if args.json:
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(results, indent=1))
+
+
+def _predicted(rx, method, n, s):
+  """Step evaluations the closed form predicts, '' where it has none."""
+  if method == 'lax.scan (no remat)':
+    return n
+  if method == 'scan(jax.checkpoint(f))':
+    return rx.scan_schedule_costs(n, 'every').step_evaluations
+  if method == 'ours: sqrt':
+    return rx.scan_schedule_costs(n, 'sqrt').step_evaluations
+  if method == 'ours: binomial':
+    return rx.scan_schedule_costs(n, ('binomial', s)).step_evaluations
+  return ''
 
 
 if __name__ == '__main__':

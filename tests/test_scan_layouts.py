@@ -82,6 +82,27 @@ def test_the_forward_pass_keeps_fewer_carries_under_deeper_schedules(comparison)
   assert by_label['binomial s=3'].forward_carries < by_label['every'].forward_carries
 
 
+def test_a_schedule_whose_temp_xla_does_not_keep_is_warned_of(comparison):
+  """'sqrt' nests its blocks, and XLA keeps copies per level: it holds more
+  temporaries than 'every', which keeps a carry per step. The binomial loop
+  holds no more than its carries, one step and its inputs' cotangents."""
+  rows = {r.label: r for r in comparison.rows}
+  sqrt, every, binomial = (rows[k].scan_layouts[0] for k in ('sqrt', 'every', 'binomial s=3'))
+  assert sqrt.temp_carries > every.temp_carries > every.predicted.stored_carries
+  assert sqrt.temp_carries > 1.25 * sqrt.expected_temp_carries
+  (warning,) = rows['sqrt'].warnings
+  assert 'checkpointed_scan[sqrt; n=24]' in warning and 'more than 1.25 times' in warning
+  assert f'sqrt: {warning}' in comparison.warnings
+  assert binomial.temp_carries <= binomial.expected_temp_carries
+  assert rows['binomial s=3'].warnings == () and rows['every'].warnings == ()
+  # The expected temp's parts: the schedule's carries, one step's values
+  # (a few carries: h @ w, x @ u, their sum, tanh) and the inputs (w, u, xs
+  # and the carry), in carries of BATCH x HIDDEN floats.
+  inputs = (HIDDEN * HIDDEN + FEATURES * HIDDEN + N * BATCH * FEATURES) / (BATCH * HIDDEN) + 1
+  assert every.input_carries == pytest.approx(inputs)
+  assert 3 <= every.step_carries <= 6
+
+
 def test_a_mapping_of_functions_takes_no_policies():
   loss, args = _rnn('every')
   with pytest.raises(TypeError, match='for a mapping of functions, each is compared as written'):

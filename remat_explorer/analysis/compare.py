@@ -353,8 +353,14 @@ def _with_warnings(rows: list[PolicyRow]) -> list[PolicyRow]:
 
 
 def _row_warnings(row: PolicyRow, baseline: PolicyRow | None) -> list[str]:
-  """A policy whose compiled peak is not below no remat's, with the
+  """A checkpointed scan whose compiled temporaries its schedule does not
+  explain; a policy whose compiled peak is not below no remat's, with the
   residuals that hold it up (and XLA's merge of the recompute, if any)."""
+  layouts = [c.temp_warning for c in row.scan_layouts if c.temp_warning]
+  return layouts + _peak_warnings(row, baseline)
+
+
+def _peak_warnings(row: PolicyRow, baseline: PolicyRow | None) -> list[str]:
   if (baseline is None or row is baseline or row.failed or row.peak_bytes is None
       or row.peak_bytes < baseline.peak_bytes):
     return []

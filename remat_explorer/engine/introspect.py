@@ -51,6 +51,14 @@ def in_recompute(name: str) -> bool:
   return RECOMPUTE_SCOPE in str(name)
 
 
+def recomputes_primal(name: str) -> bool:
+  """Whether an equation of the backward pass, by its name stack, evaluates
+  the program again (the recompute) rather than transposing it: inside the
+  recompute's scope, and not inside a transpose opened within it."""
+  name = str(name)
+  return in_recompute(name) and 'transpose(' not in name.rsplit(RECOMPUTE_SCOPE, 1)[1]
+
+
 # -- the scope of a checkpointed_scan ----------------------------------------------
 
 _SCAN_SCOPE = re.compile(
@@ -88,5 +96,5 @@ def parse_scan_scope(name: str) -> ScanScope | None:
 __all__ = [
     'jax_checkpoint_p', 'closed_call_p', 'reduce_precision_p', 'name_of_named_value',
     'scan_consts_and_carries', 'debug_info_of', 'RECOMPUTE_SCOPE', 'CHECKPOINT_LOWERING_SCOPE', 'ENGINE_SCOPES',
-    'in_recompute', 'ScanScope', 'scan_scope', 'parse_scan_scope',
+    'in_recompute', 'recomputes_primal', 'ScanScope', 'scan_scope', 'parse_scan_scope',
 ]

@@ -10,7 +10,8 @@ from remat_explorer.viz.text import MISSING, format_bytes, format_flops, html_te
 
 _HEADINGS = ('layout', 'schedule', 'steps', 'carry',
              'carries held at once (predicted)', 'carries kept by the forward pass (jaxpr)',
-             'temp memory in carries (XLA)', 'recomputed steps (predicted)',
+             'temp memory in carries (XLA)', 'temp memory in carries (expected)',
+             'recomputed steps (predicted)',
              'recomputed steps (jaxpr)', 'levels')
 
 
@@ -26,6 +27,7 @@ def scan_layouts_html(comparison: Comparison) -> str:
     cells = [label, c.schedule, str(c.steps), c.carry, str(c.predicted.stored_carries),
              str(c.forward_carries),
              MISSING if c.temp_carries is None else f'{c.temp_carries:.1f}',
+             MISSING if c.expected_temp_carries is None else f'{c.expected_temp_carries:.1f}',
              str(c.predicted.recomputed_steps),
              MISSING if c.recomputed_steps is None else f'{c.recomputed_steps:.1f}',
              str(c.predicted.levels)]
@@ -33,8 +35,9 @@ def scan_layouts_html(comparison: Comparison) -> str:
   head = ''.join(f'<th>{h}</th>' for h in _HEADINGS)
   caption = ('Checkpointed scans: the schedule in theory (closed form) and as measured. '
              'Recomputed steps (jaxpr) are the backward pass\'s recompute FLOPs over one '
-             'step\'s; temp memory in carries is XLA\'s temporaries over one carry, which '
-             'also holds a step\'s intermediates and a carry or two per nesting level.')
+             'step\'s; temp memory in carries is XLA\'s temporaries over one carry; expected '
+             'are the schedule\'s carries, one step\'s intermediates and the cotangents of '
+             'the scan\'s inputs (more than 1.25 times that is warned of).')
   return (f'<table class="remat-layouts"><caption>{html_text(caption)}</caption>'
           f'<thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>')
 
