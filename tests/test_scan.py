@@ -63,6 +63,32 @@ def test_zero_length_scan_is_lax_scan():
                      jax.lax.scan(f, init, None, 0))
 
 
+@pytest.mark.parametrize('schedule', ['every', 'sqrt', ('binomial', 3)], ids=str)
+@pytest.mark.parametrize('jit', [False, True], ids=['eager', 'jit'])
+def test_a_closed_over_ref_is_written_once_per_step_as_in_lax_scan(schedule, jit):
+  """The recompute runs on the values the forward pass saw and writes
+  nowhere: the ref ends as lax.scan leaves it, and the gradient (which
+  reads the ref) is lax.scan's."""
+  rng = np.random.default_rng(8)
+  xs = jnp.asarray(rng.uniform(0.5, 1.5, 11), jnp.float32)
+  start = jnp.asarray(rng.uniform(-1, 1, (3,)), jnp.float32)
+  ref = jax.new_ref(jnp.zeros(3))
+
+  def step(c, x):
+    ref[...] += x * jnp.cos(ref[...])  # written every step, read below
+    return jnp.sin(c) * x + 0.1 * ref[...], jnp.sum(c)
+
+  def run(scan):
+    loss = lambda c: jnp.sum(scan(step, c, xs)[0] ** 2)
+    ref[...] = start
+    grad = (jax.jit(jax.grad(loss)) if jit else jax.grad(loss))(start * 2)
+    return grad, ref[...]
+
+  expected = run(jax.lax.scan)
+  got = run(lambda f, c, xs: rx.checkpointed_scan(f, c, xs, schedule=schedule))
+  assert_close(got, expected)
+
+
 # -- the same program as jax.checkpoint written by hand ---------------------------
 
 def jax_nested_scan(f, init, xs, n, k):

@@ -28,6 +28,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 
+import jax
+
 from remat_explorer.engine import _jax_internals as jx
 
 core = jx.core
@@ -181,3 +183,42 @@ def check_replay_is_sound(jaxpr: core.Jaxpr, fun_name: str) -> None:
         'ref_effects="once" (the default), which recomputes from the saved '
         'initial value, or read the ref outside the checkpointed function.')
 
+
+
+# -- refs a loop step closes over ---------------------------------------------
+
+def step_on_ref_values(step, carry, x):
+  """``(refs, pure)`` for a loop body ``step(carry, x) -> (carry, y)``.
+
+  `refs` are the refs `step` closes over; ``pure(carry, x, values)`` returns
+  ``(carry, y, new_values)``: `step` run on `values` in place of what the refs
+  hold, touching no ref. A loop that re-runs steps (the binomial schedule's
+  recompute) carries the values instead of the refs, so its recompute sees
+  the state the forward pass saw and writes nowhere. `refs` is empty when
+  `step` closes over none; `pure` is then None.
+  """
+  closed, out_shape = jax.make_jaxpr(step, return_shape=True)(carry, x)
+  is_ref = [isinstance(jax.typeof(c), jx.AbstractRef) for c in closed.consts]
+  if not any(is_ref):
+    return [], None
+  refs = [c for c, r in zip(closed.consts, is_ref) if r]
+  others = [c for c, r in zip(closed.consts, is_ref) if not r]
+  # The refs become the first inputs, then discharged into values in and out.
+  jaxpr = jx.pe.convert_constvars_jaxpr(closed.jaxpr)
+  num_consts = len(closed.consts)
+  reordered = ([i for i, r in enumerate(is_ref) if r]
+               + [i for i, r in enumerate(is_ref) if not r]
+               + list(range(num_consts, len(jaxpr.invars))))
+  jaxpr = jaxpr.replace(invars=[jaxpr.invars[i] for i in reordered])
+  discharged = jx.discharged(
+      core.ClosedJaxpr(jaxpr, []),
+      should_discharge=[i < len(refs) for i in range(len(jaxpr.invars))])
+  out_tree = jax.tree_util.tree_structure(out_shape)
+  num_outs = out_tree.num_leaves
+
+  def pure(carry, x, values):
+    args = jax.tree_util.tree_leaves((carry, x))
+    outs = core.eval_jaxpr(discharged.jaxpr, discharged.consts, *values, *others, *args)
+    new_carry, y = jax.tree_util.tree_unflatten(out_tree, outs[:num_outs])
+    return new_carry, y, list(outs[num_outs:num_outs + len(refs)])
+  return refs, pure

@@ -17,6 +17,11 @@ passed once, as arguments whose cotangents the backward pass accumulates.
 Only inexact leaves are differentiated: integer parts of the carry, `xs`
 or the outputs ride along and get no cotangent.
 
+Refs the step closes over are read once before the loop; their values ride
+in the carry, so a snapshot holds them and the recompute writes nowhere,
+and the final values are written back once (effects run once, as in
+``lax.scan``).
+
 Both loops have fixed trip counts, so the backward pass can itself be
 differentiated (``grad`` of ``grad``). Forward-mode (``jax.jvp`` of the
 scan itself) is not available, as for any ``custom_vjp`` function;
@@ -31,6 +36,7 @@ from jax import lax
 
 from remat_explorer.engine import revolve
 from remat_explorer.engine.introspect import RECOMPUTE_SCOPE
+from remat_explorer.engine.refs import step_on_ref_values
 
 tree_map = jax.tree_util.tree_map
 
@@ -39,7 +45,12 @@ def revolve_scan(f, init, xs, n: int, s: int, *, reverse: bool, unroll, scope: s
   """``lax.scan(f, init, xs, length=n, reverse=reverse)``, differentiated
   by Griewank's schedule holding at most `s` carries (`n >= 1`). `scope`
   names the backward pass's loop as the forward's is named."""
+  init = tree_map(jnp.asarray, init)  # Python scalars become arrays with a shape
   x_example = tree_map(lambda a: a[0], xs)
+  refs, on_values = step_on_ref_values(f, init, x_example)
+  if refs:
+    return _on_ref_values(refs, on_values, init, xs, n, s, reverse=reverse,
+                          unroll=unroll, scope=scope)
   step, consts = jax.closure_convert(f, init, x_example)
   schedule = _Schedule(step, n, s, reverse, unroll, scope)
 
@@ -50,6 +61,23 @@ def revolve_scan(f, init, xs, n: int, s: int, *, reverse: bool, unroll, scope: s
 
   scan.defvjp(schedule.forward, schedule.backward)
   return scan(consts, init, xs)
+
+
+def _on_ref_values(refs, on_values, init, xs, n, s, **options):
+  """The loop of a step that closes over `refs`: their values ride in the
+  carry (so each snapshot holds them and the recompute starts from what the
+  forward pass saw, writing nowhere), and the final values are written back
+  once. Refs are not differentiated, as in ``lax.scan``."""
+  def step(carry_and_values, x):
+    carry, values = carry_and_values
+    new, y, values = on_values(carry, x, values)
+    return (new, [lax.stop_gradient(v) for v in values]), y
+
+  values = [lax.stop_gradient(ref[...]) for ref in refs]
+  (carry, values), ys = revolve_scan(step, (init, values), xs, n, s, **options)
+  for ref, value in zip(refs, values):
+    ref[...] = lax.stop_gradient(value)
+  return carry, ys
 
 
 class _Schedule:
