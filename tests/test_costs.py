@@ -169,8 +169,8 @@ def test_compare_covers_every_policy_with_a_pareto_front():
   assert comparison.pareto_front
   for r in comparison.rows:
     dominated = any(
-        o.peak_bytes <= r.peak_bytes and o.flops <= r.flops
-        and (o.peak_bytes < r.peak_bytes or o.flops < r.flops)
+        o.peak_bytes <= r.peak_bytes and o.compiled_flops <= r.compiled_flops
+        and (o.peak_bytes < r.peak_bytes or o.compiled_flops < r.compiled_flops)
         for o in comparison.rows)
     assert r.on_pareto_front == (not dominated), r.label
   json.dumps(comparison.to_dict())

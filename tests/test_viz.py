@@ -128,7 +128,8 @@ def test_policies_on_one_point_share_one_label(comparison):
   # merges the recompute away.
   import dataclasses
   first = comparison.row('nothing_saveable')
-  rows = [dataclasses.replace(r, peak_bytes=first.peak_bytes, flops=first.flops)
+  rows = [dataclasses.replace(r, peak_bytes=first.peak_bytes,
+                              compiled_flops=first.compiled_flops)
           if r.label in ('nothing_saveable', 'dots_saveable', 'everything_saveable') else r
           for r in comparison.rows]
   ax = viz.plot_pareto(dataclasses.replace(comparison, rows=tuple(rows))).axes[0]
@@ -136,7 +137,7 @@ def test_policies_on_one_point_share_one_label(comparison):
   forced = {'nothing_saveable', 'dots_saveable', 'everything_saveable'}
   assert any(forced <= set(label.split(', ')) for label in labels)
   # One label per point (the program as written may sit on the same one).
-  assert len(labels) == len({(r.peak_bytes, r.flops) for r in rows})
+  assert len(labels) == len({(r.peak_bytes, r.ranked_flops) for r in rows})
 
 
 def test_crowded_labels_become_numbers_listed_under_the_chart():
@@ -303,7 +304,7 @@ def test_report_opens_with_as_written_and_the_recommended_policy(comparison):
   # The rule, worked out here from the rows.
   below = [r for r in comparison.rows if r.on_pareto_front and r is not baseline
            and r.peak_bytes < baseline.peak_bytes]
-  best = min(below, key=lambda r: (r.flops, r.peak_bytes), default=None)
+  best = min(below, key=lambda r: (r.compiled_flops, r.peak_bytes), default=None)
   assert html_recommended(best) in summary
   assert 'Rule: ' in summary or best is None
   assert summary.index('<b>as written</b>') < summary.index('ecommend')

@@ -1,9 +1,12 @@
 """``compare``: every policy side by side, from the jaxpr and from XLA.
 
 One row per policy (plus the no-remat baseline): what the analysis says it
-saves and recomputes, and what XLA compiled. FLOPs come in two counts: the
-jaxpr's (scan trip counts applied; the one the charts use) and XLA's
-``cost_analysis`` (a while-loop body counted once).
+saves and recomputes, and what XLA compiled. FLOPs come in three counts:
+what the compiled program executes (XLA's count of each computation, loop
+bodies once per trip: ``compiled_flops``, what the Pareto front, the charts,
+the recommendation and the search rank by), what the jaxpr asks for (scan
+trip counts applied: ``flops``; XLA may merge or drop some of it), and XLA's
+``cost_analysis`` as it reports it (a loop's body once: ``xla_flops``).
 
 For a sharded program, compiled bytes, XLA's FLOPs and the collectives are
 per device (one device's partitioned executable); residual bytes come both
@@ -33,8 +36,8 @@ from remat_explorer.analysis.program import DEFAULT_LOWERING
 from remat_explorer.analysis.report import RematReport, plain_data
 from remat_explorer.engine import checkpoint_policies
 
-FLOPS_USED_BY_CHARTS = 'jaxpr'
-"""Charts plot the jaxpr-derived FLOPs, which apply loop trip counts."""
+FLOPS_USED_BY_CHARTS = 'compiled (executed, loops counted)'
+"""Charts plot the FLOPs the compiled program executes (``ranked_flops``)."""
 
 Progress = Callable[[int, int, str], None]
 
@@ -66,6 +69,7 @@ class PolicyRow:
   """Forward + backward FLOPs from the jaxpr, trip counts applied."""
   recompute_flops: int | None
   xla_flops: float | None
+  """XLA's ``cost_analysis()``: each loop's body once."""
   temp_bytes: int | None
   peak_bytes: int | None
   """Compiled, per device."""
@@ -88,6 +92,25 @@ class PolicyRow:
   warnings: tuple[str, ...] = ()
   """What is wrong with this row's figures, each once, without the label
   (``Comparison.warnings`` holds them with it)."""
+  compiled_flops: float | None = None
+  """FLOPs the compiled program executes (per device), loops counted."""
+
+  @property
+  def flops_unknown(self) -> bool:
+    """The compiled program runs a loop whose trip count XLA cannot infer (a
+    ``while_loop`` that ends on a value): no count of its FLOPs is whole."""
+    return self.costs is not None and self.costs.loops_of_unknown_trip_count > 0
+
+  @property
+  def ranked_flops(self) -> float | None:
+    """The FLOPs rows are ranked by: what the compiled program executes,
+    else (no compiled count) what the jaxpr asks for; None where the
+    program's loops make every count partial (``flops_unknown``)."""
+    if self.flops_unknown:
+      return None
+    if self.compiled_flops is not None:
+      return self.compiled_flops
+    return self.flops if self.flops is not None else self.xla_flops
 
 
 @dataclass(frozen=True)
@@ -305,7 +328,7 @@ def _row(label, policy, report, costs) -> PolicyRow:
       residual_bytes_per_device=report.residual_bytes_per_device,
       collectives=None if costs.failed else costs.collective_count,
       recompute_collectives=None if costs.failed else costs.recompute_collective_count,
-      scan_layouts=scan_layouts(report, costs))
+      scan_layouts=scan_layouts(report, costs), compiled_flops=costs.executed_flops)
 
 
 _MATMULS = ('dot_general', 'conv_general_dilated')
@@ -328,19 +351,15 @@ def recompute_eliminated(report: RematReport | None, costs: CompiledCosts) -> st
           'forward pass and their outputs are kept alive instead.')
 
 
-def _flops_for_front(row: PolicyRow):
-  return row.flops if row.flops is not None else row.xla_flops
-
-
 def _mark_pareto_front(rows: list[PolicyRow]) -> list[PolicyRow]:
   """A row is on the front if no other row is at least as good on both peak
   memory and FLOPs and better on one."""
   usable = [r for r in rows if not r.failed and r.peak_bytes is not None
-            and _flops_for_front(r) is not None]
+            and r.ranked_flops is not None]
 
   def dominated(r):
-    return any(o.peak_bytes <= r.peak_bytes and _flops_for_front(o) <= _flops_for_front(r)
-               and (o.peak_bytes < r.peak_bytes or _flops_for_front(o) < _flops_for_front(r))
+    return any(o.peak_bytes <= r.peak_bytes and o.ranked_flops <= r.ranked_flops
+               and (o.peak_bytes < r.peak_bytes or o.ranked_flops < r.ranked_flops)
                for o in usable)
   front = {id(r) for r in usable if not dominated(r)}
   return [dataclasses.replace(r, on_pareto_front=id(r) in front) for r in rows]
@@ -357,7 +376,16 @@ def _row_warnings(row: PolicyRow, baseline: PolicyRow | None) -> list[str]:
   explain; a policy whose compiled peak is not below no remat's, with the
   residuals that hold it up (and XLA's merge of the recompute, if any)."""
   layouts = [c.temp_warning for c in row.scan_layouts if c.temp_warning]
-  return layouts + _peak_warnings(row, baseline)
+  return layouts + _unknown_flops_warnings(row) + _peak_warnings(row, baseline)
+
+
+def _unknown_flops_warnings(row: PolicyRow) -> list[str]:
+  if row.failed or not row.flops_unknown:
+    return []
+  count = row.costs.loops_of_unknown_trip_count
+  return [f'FLOPs unknown: {count} loop(s) of the compiled program end on a value '
+          '(a while_loop), so XLA cannot count their trips and each body is counted '
+          'once; left off the Pareto front and the recommendation.']
 
 
 def _peak_warnings(row: PolicyRow, baseline: PolicyRow | None) -> list[str]:

@@ -34,6 +34,7 @@ from remat_explorer.analysis.keywords import check_keywords
 from remat_explorer.analysis.problem import Problem, check_positions
 from remat_explorer.analysis.program import PolicyChoice, built_policy_choice, policy_label
 from remat_explorer.analysis.sharding import compiled_placement, find_placement
+from remat_explorer.analysis.executed_flops import executed_flops
 from remat_explorer.analysis.hlo import parse_hlo
 from remat_explorer.analysis.timeline import MemoryTimeline, memory_timeline
 
@@ -80,6 +81,13 @@ class CompiledCosts:
   xla_flops: float | None = None
   """``cost_analysis()['flops']`` of the partitioned module: one device's
   FLOPs. XLA counts a while-loop body once."""
+  executed_flops: float | None = None
+  """The FLOPs the compiled program executes on one device: XLA's count of
+  each computation, each loop's body once per trip (``executed_flops.py``).
+  Equal to ``xla_flops`` for a program without loops. What the Pareto
+  front, the recommendation and the search rank by."""
+  loops_of_unknown_trip_count: int = 0
+  """Loops XLA could not count trips of: in ``executed_flops`` once each."""
   bytes_accessed: float | None = None
   transcendentals: float | None = None
   cost_analysis: dict[str, float] = field(default_factory=dict, repr=False,
@@ -346,6 +354,15 @@ def compile_step(step, leaves, *, function, policy, lowering, donate_argnums=(),
   except Exception as e:
     module, timeline = None, None
     notes.append(f'memory timeline unavailable: {type(e).__name__}: {e}')
+  executed = None
+  if module is not None:
+    try:
+      executed = executed_flops(hlo, device, module)
+    except Exception as e:  # a text XLA's parser refuses: say so, keep the rest
+      notes.append(f'executed FLOPs unavailable: {type(e).__name__}: {e}')
+  if executed is not None and executed.unknown_trip_counts:
+    notes.append(f'{executed.unknown_trip_counts} loop(s) of unknown trip count '
+                 'are counted once in the executed FLOPs')
   # A program on one device communicates with no other.
   collectives = _collectives(module, notes) if devices.num_devices > 1 else ()
   costs = CompiledCosts(
@@ -363,7 +380,10 @@ def compile_step(step, leaves, *, function, policy, lowering, donate_argnums=(),
       host_generated_code_bytes=getattr(
           memory, 'host_generated_code_size_in_bytes', None),
       memory_analysis=memory_numbers, buffer_assignment_proto=buffer_assignment,
-      xla_flops=cost.get('flops'), bytes_accessed=cost.get('bytes accessed'),
+      xla_flops=cost.get('flops'),
+      executed_flops=executed.flops if executed else None,
+      loops_of_unknown_trip_count=executed.unknown_trip_counts if executed else 0,
+      bytes_accessed=cost.get('bytes accessed'),
       transcendentals=cost.get('transcendentals'), cost_analysis=cost,
       analysis_compile=analysis,
       lower_seconds=lower_seconds, compile_seconds=compile_seconds,

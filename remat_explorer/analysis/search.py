@@ -45,7 +45,9 @@ Progress = Callable[[int, 'int | None', str], None]
 class Candidate:
   label: str
   peak_bytes: int | None
-  flops: int
+  flops: float
+  """What the compiled program executes, loops counted (the jaxpr's count
+  where XLA's cannot be had)."""
   fits: bool
 
 
@@ -58,8 +60,9 @@ class SearchResult:
   peak_bytes: int
   """Compiled peak of the chosen policy (verified, not predicted); per
   device for a sharded program."""
-  flops: int
-  """Forward + backward FLOPs from the jaxpr of the chosen policy."""
+  flops: float
+  """Forward + backward FLOPs the chosen policy's compiled program executes
+  (per device), loops counted: what the search ranks by."""
   fits: bool
   """False only if nothing fits, not even ``nothing_saveable``."""
   explanation: str
@@ -196,7 +199,7 @@ class _Runner:
 
   def best(self, budget, evaluated) -> SearchResult:
     candidates = tuple(
-        Candidate(label, c.peak_bytes, r.total_flops,
+        Candidate(label, c.peak_bytes, _executed(c, r),
                   fits=not c.failed and c.peak_bytes <= budget)
         for label, (c, r) in evaluated.items())
     fitting = [c for c in candidates if c.fits]
@@ -209,10 +212,16 @@ class _Runner:
     policy = self.policies[chosen.label]
     return SearchResult(
         policy=policy, label=chosen.label[:80], budget_bytes=budget,
-        peak_bytes=costs.peak_bytes, flops=report.total_flops, fits=bool(fitting),
+        peak_bytes=costs.peak_bytes, flops=chosen.flops, fits=bool(fitting),
         explanation=_explain(chosen, policy, budget, candidates, bool(fitting)),
         compiles_used=compiles_run() - self.compiles_before,
         candidates=candidates, costs=costs, report=report)
+
+
+def _executed(costs: CompiledCosts, report: RematReport) -> float:
+  """What the search ranks by: the compiled program's executed FLOPs; the
+  jaxpr's count only where there is no compiled one (a failed compile)."""
+  return costs.executed_flops if costs.executed_flops is not None else report.total_flops
 
 
 def _explain(chosen: Candidate, policy, budget, candidates, fits) -> str:

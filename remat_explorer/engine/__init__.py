@@ -10,6 +10,8 @@ Modules, in the order a reader might take them:
 * ``api``        - ``checkpoint`` / ``remat`` / ``checkpoint_name``.
 * ``residuals``  - ``saved_residuals``: what the forward pass keeps, in words.
 * ``scan_plans`` - schedules for long scans, and what each should cost.
+* ``revolve``    - Griewank's binomial (revolve) rules as a state machine.
+* ``revolve_scan`` - the binomial schedule as one loop with its own VJP.
 * ``scan``       - ``checkpointed_scan``: ``lax.scan`` under such a schedule.
 * ``introspect`` - what readers of the engine's programs need: JAX's remat
   and call primitives, checkpoint names, the scopes the engine writes into
@@ -20,7 +22,8 @@ Modules, in the order a reader might take them:
 from remat_explorer.engine.api import checkpoint, checkpoint_name, remat
 from remat_explorer.engine.introspect import (
     CHECKPOINT_LOWERING_SCOPE, ENGINE_SCOPES, RECOMPUTE_SCOPE, ScanScope, closed_call_p,
-    debug_info_of, in_recompute, recomputes_primal, jax_checkpoint_p, name_of_named_value, parse_scan_scope,
+    debug_info_of, hlo_text_flops, in_recompute, recomputes_primal, jax_checkpoint_p,
+    name_of_named_value, parse_scan_scope,
     reduce_precision_p, scan_consts_and_carries, scan_scope)
 from remat_explorer.engine.lowering import (DEFAULT_STRATEGY, STRATEGIES, check_strategy,
                                             current_strategy, enclosing_strategy,
@@ -51,5 +54,6 @@ __all__ = [
     # introspect
     'jax_checkpoint_p', 'closed_call_p', 'reduce_precision_p', 'name_of_named_value',
     'scan_consts_and_carries', 'debug_info_of', 'RECOMPUTE_SCOPE', 'CHECKPOINT_LOWERING_SCOPE', 'ENGINE_SCOPES',
-    'in_recompute', 'recomputes_primal', 'ScanScope', 'scan_scope', 'parse_scan_scope',
+    'in_recompute', 'recomputes_primal', 'hlo_text_flops', 'ScanScope', 'scan_scope',
+    'parse_scan_scope',
 ]

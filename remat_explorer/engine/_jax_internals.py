@@ -179,4 +179,17 @@ def name_of_named_value(eqn) -> str | None:
   return None
 
 
+def hlo_text_flops(hlo_text: str, device) -> float | None:
+  """XLA's own cost analysis (``flops``) of an HLO module given as text, for
+  `device`'s backend: what ``Compiled.cost_analysis()`` reports for a
+  compiled module, applicable to a module rewritten from one (a loop's body
+  as the entry). None where this jaxlib has no such binding."""
+  from jax._src import lib
+  parse = getattr(getattr(lib, 'hlo', None), 'hlo_module_from_text', None)
+  analyze = getattr(getattr(lib, '_jax', None), 'hlo_module_cost_analysis', None)
+  if parse is None or analyze is None:
+    return None
+  return float(analyze(device.client, parse(hlo_text)).get('flops', 0.0))
+
+
 __all__ = [name for name in dir() if not name.startswith('__')]

@@ -27,6 +27,11 @@ reduce_precision_p = jx.reduce_precision_p
 name_of_named_value = jx.name_of_named_value
 scan_consts_and_carries = jx.scan_consts_and_carries
 
+# XLA's cost analysis of an HLO module's text, on a device's backend: how
+# the analysis counts the FLOPs of a loop's body, made the entry of a module
+# of its own.
+hlo_text_flops = jx.hlo_text_flops
+
 
 def debug_info_of(caller: str, fun, args, kwargs):
   """JAX's description of a call of `fun` (its argument names among it)."""

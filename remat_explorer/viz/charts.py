@@ -145,8 +145,8 @@ def plot_per_device_memory(costs: Comparison | Mapping[str, CompiledCosts]) -> F
 def pareto_points(comparison: Comparison) -> list[tuple[str, int, int, bool]]:
   """``(label, peak bytes, FLOPs, on the front)`` for each compiled policy;
   FLOPs are the jaxpr's count (trip counts applied), as the charts use."""
-  return [(r.label, r.peak_bytes, r.flops, r.on_pareto_front) for r in comparison.rows
-          if not r.failed and r.peak_bytes is not None and r.flops is not None]
+  return [(r.label, r.peak_bytes, r.ranked_flops, r.on_pareto_front) for r in comparison.rows
+          if not r.failed and r.peak_bytes is not None and r.ranked_flops is not None]
 
 
 @literal_text

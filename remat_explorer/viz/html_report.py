@@ -120,8 +120,8 @@ def recommended(comparison):
   if baseline is None or baseline.failed:
     return None
   below = [r for r in comparison.pareto_front if r is not baseline and not r.failed
-           and r.peak_bytes < baseline.peak_bytes and r.flops is not None]
-  return min(below, key=lambda r: (r.flops, r.peak_bytes), default=None)
+           and r.peak_bytes < baseline.peak_bytes and r.ranked_flops is not None]
+  return min(below, key=lambda r: (r.ranked_flops, r.peak_bytes), default=None)
 
 
 def _summary_html(comparison) -> str:
@@ -149,10 +149,11 @@ def _figures(row, baseline) -> str:
   """'peak 17.4 MiB (−68% of no remat's), 3.39 GFLOP (+22%)'."""
   if row.failed:
     return f'did not compile ({html_text(row.costs.error)})'
-  text = f'compiled peak {format_bytes(row.peak_bytes)}, {format_flops(row.flops)}'
+  text = (f'compiled peak {format_bytes(row.peak_bytes)}, '
+          f'{format_flops(row.ranked_flops)} executed')
   if baseline is not None and not baseline.failed and row is not baseline:
     text += (f' ({_change(row.peak_bytes, baseline.peak_bytes)} memory, '
-             f'{_change(row.flops, baseline.flops)} FLOPs against no remat)')
+             f'{_change(row.ranked_flops, baseline.ranked_flops)} FLOPs against no remat)')
   return text
 
 

@@ -92,22 +92,22 @@ def _per_device_cell(r: Residual) -> str:
 
 
 def comparison_table_html(comparison: Comparison) -> str:
-  """One row per policy: residual, temp and peak bytes, FLOPs (the jaxpr's
-  and XLA's), compile and run time, the Pareto front and any flag; for a
+  """One row per policy: residual, temp and peak bytes, FLOPs (what the
+  compiled program executes, loops counted, and what the jaxpr asks for), compile and run time, the Pareto front and any flag; for a
   program partitioned over several devices also the residual bytes per
   device and the collectives (those the recompute re-runs in brackets)."""
   sharded = comparison.num_devices > 1
-  headings = ['policy', 'residual bytes', 'compiled temp', 'compiled peak', 'FLOPs (jaxpr)',
-              'FLOPs (XLA)', 'recompute FLOPs', 'compile', 'run', 'Pareto', 'notes']
+  headings = ['policy', 'residual bytes', 'compiled temp', 'compiled peak',
+              'FLOPs (compiled)', 'FLOPs (jaxpr)', 'recompute FLOPs', 'compile', 'run', 'Pareto', 'notes']
   if sharded:
     headings[2:6] = ['residual bytes / device', 'compiled temp / device',
-                     'compiled peak / device', 'collectives (recompute)', 'FLOPs (jaxpr)',
-                     'FLOPs (XLA) / device']
+                     'compiled peak / device', 'collectives (recompute)',
+                     'FLOPs (compiled) / device', 'FLOPs (jaxpr)']
   rows, classes = [], []
   for r in comparison.rows:
     note = row_note(r)
     cells = [r.label, format_bytes(r.residual_bytes), format_bytes(r.temp_bytes),
-             format_bytes(r.peak_bytes), format_flops(r.flops), format_flops(r.xla_flops),
+             format_bytes(r.peak_bytes), format_flops(r.compiled_flops), format_flops(r.flops),
              format_flops(r.recompute_flops), format_seconds(r.compile_seconds),
              format_seconds(r.run_seconds), '✓' if r.on_pareto_front else '', note]
     if sharded:

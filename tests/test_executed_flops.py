@@ -1,0 +1,121 @@
+"""The FLOPs a compiled program executes, each loop's body once per trip:
+XLA's own count where there is no loop, the unrolled program's count where
+a scan is rolled, and loops XLA cannot count named, not ranked."""
+
+import equinox.internal as eqxi
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from remat_explorer import examples
+from remat_explorer.analysis import compare, compile_costs
+
+
+def _ode(n, rng_seed=0, width=64, batch=32):
+  rng = np.random.default_rng(rng_seed)
+  w = jnp.asarray(rng.standard_normal((width, width)) / width ** 0.5, jnp.float32)
+  h0 = jnp.asarray(rng.standard_normal((batch, width)), jnp.float32)
+  step = lambda h: h + 0.05 * jnp.tanh(h @ w)
+  return w, h0, step
+
+
+def _scan_loss(n, *, unroll=1, checkpoint=False):
+  def loss(w, h0):
+    def body(h, _):
+      return h + 0.05 * jnp.tanh(h @ w), None
+    body = jax.checkpoint(body) if checkpoint else body
+    h, _ = jax.lax.scan(body, h0, None, length=n, unroll=unroll)
+    return jnp.sum(h ** 2)
+  return loss
+
+
+@pytest.mark.parametrize('policy', [None, 'nothing_saveable', 'dots_saveable'])
+def test_a_program_without_loops_executes_what_xla_counts(policy):
+  loss_fn, args = examples.transformer(num_layers=2, d_model=32, seq_len=16, batch=2,
+                                       use_scan=False)
+  costs = compile_costs(loss_fn, *args, policy=policy)
+  assert costs.executed_flops == costs.xla_flops > 0
+  assert costs.loops_of_unknown_trip_count == 0
+
+
+def test_a_rolled_scan_executes_what_its_unrolled_program_does():
+  n = 48
+  w, h0, _ = _ode(n)
+  rolled = compile_costs(_scan_loss(n), w, h0)
+  unrolled = compile_costs(_scan_loss(n, unroll=n), w, h0)
+  # XLA's cost_analysis counts the rolled program's loop bodies once...
+  assert rolled.xla_flops < unrolled.xla_flops / 10
+  # ...the executed count runs them n times: the unrolled program's count.
+  assert rolled.executed_flops == pytest.approx(unrolled.executed_flops, rel=0.02)
+  assert unrolled.executed_flops == unrolled.xla_flops
+
+
+@pytest.mark.parametrize('policy', ['nothing_saveable', 'dots_saveable'])
+def test_a_scanned_transformer_executes_what_its_unrolled_twin_does(policy):
+  """The same numbers stacked under a scan or unrolled by a Python loop;
+  under the cond lowering XLA keeps the recompute of both."""
+  executed = []
+  for use_scan in (True, False):
+    loss_fn, args = examples.transformer(num_layers=4, d_model=32, seq_len=16, batch=2,
+                                         use_scan=use_scan)
+    executed.append(compile_costs(loss_fn, *args, policy=policy, lowering='cond'
+                                  ).executed_flops)
+  assert executed[0] == pytest.approx(executed[1], rel=0.02)
+
+
+def test_a_checkpointed_scan_executes_its_recompute():
+  """scan(checkpoint(step)) runs each step's forward once more than
+  lax.scan: the difference is n steps' worth of FLOPs, as XLA counts a step."""
+  n = 40
+  w, h0, step = _ode(n)
+  plain = compile_costs(_scan_loss(n), w, h0)
+  remat = compile_costs(_scan_loss(n, checkpoint=True), w, h0)
+  one_step = jax.jit(step).lower(h0).compile().cost_analysis()['flops']
+  assert remat.executed_flops - plain.executed_flops == pytest.approx(n * one_step, rel=0.02)
+
+
+def test_a_loop_of_unknown_trip_count_is_named_and_left_off_the_front():
+  n = 32
+  w, h0, _ = _ode(n)
+
+  def equinox_loss(w, h0):
+    body = lambda c: (c[0] + 1, c[1] + 0.05 * jnp.tanh(c[1] @ w))
+    _, h = eqxi.while_loop(lambda c: c[0] < n, body, (0, h0), max_steps=n,
+                           kind='checkpointed', checkpoints=4)
+    return jnp.sum(h ** 2)
+
+  comparison = compare({'lax.scan': _scan_loss(n), 'equinox': equinox_loss}, w, h0)
+  loop = comparison.row('equinox')
+  assert loop.costs.loops_of_unknown_trip_count > 0 and loop.flops_unknown
+  assert loop.ranked_flops is None and not loop.on_pareto_front
+  assert any(w.startswith('FLOPs unknown') for w in loop.warnings)
+  assert any(w.startswith('equinox: FLOPs unknown') for w in comparison.warnings)
+  scan_row = comparison.row('lax.scan')
+  assert scan_row.on_pareto_front and not scan_row.flops_unknown
+  assert scan_row.ranked_flops == scan_row.compiled_flops > scan_row.xla_flops
+
+
+def test_the_front_ranks_by_what_the_compiled_program_executes():
+  """On the CPU XLA merges a straight-line recompute with the forward pass:
+  the jaxpr asks nothing_saveable for more FLOPs than no remat, the
+  compiled programs execute the same. The front follows the compiled count."""
+  rng = np.random.default_rng(3)
+  ws = [jnp.asarray(rng.standard_normal((128, 128)) / 12, jnp.float32) for _ in range(6)]
+  x = jnp.asarray(rng.standard_normal((64, 128)), jnp.float32)
+
+  def loss(ws, x):
+    for w in ws:
+      x = jax.checkpoint(lambda x, w: jnp.tanh(x @ w))(x, w)
+    return jnp.sum(x ** 2)
+
+  comparison = compare(loss, ws, x, policies=['nothing_saveable'])
+  nothing, baseline = comparison.row('nothing_saveable'), comparison.baseline
+  assert nothing.flops > baseline.flops  # what the jaxpr asks for
+  assert nothing.compiled_flops == baseline.compiled_flops  # what runs
+  usable = [r for r in comparison.rows if not r.failed]
+  for r in usable:
+    dominated = any(o.peak_bytes <= r.peak_bytes and o.compiled_flops <= r.compiled_flops
+                    and (o.peak_bytes, o.compiled_flops) != (r.peak_bytes, r.compiled_flops)
+                    for o in usable)
+    assert r.on_pareto_front == (not dominated), r.label
