@@ -99,7 +99,10 @@ def costs_html(label, lowering, costs, baseline, report) -> str:
           ('peak bytes', both(costs.peak_bytes, format_bytes)),
           ('no-remat peak bytes',
            both(baseline.peak_bytes, format_bytes) if not baseline.failed else MISSING),
-          ('XLA FLOPs', both(costs.xla_flops and int(costs.xla_flops), format_flops)),
+          ('FLOPs executed (loops counted)',
+           both(costs.executed_flops and int(costs.executed_flops), format_flops)),
+          ('XLA cost_analysis FLOPs (loop bodies once)',
+           both(costs.xla_flops and int(costs.xla_flops), format_flops)),
           ('compile time', format_seconds(costs.compile_seconds))]
   table = ''.join(f'<tr><td>{k}</td><td>{v}</td></tr>' for k, v in rows)
   flag = recompute_eliminated(report, costs)

@@ -64,9 +64,10 @@ def report_html(comparison, report, *, title: str | None = None,
       f'<title>{esc(title)}</title><style>{_STYLE}</style></head><body>',
       f'<h1>{esc(title)}</h1>',
       f'<p class="note">Device: {esc(comparison.device_kind)} '
-      f'({esc(comparison.platform)}). Memory and XLA FLOPs are XLA\'s compiled '
-      'figures; the charts plot FLOPs counted from the jaxpr (scan trip counts '
-      'applied), with XLA\'s count in the table. A policy\'s warnings are in its '
+      f'({esc(comparison.platform)}). Memory and compiled FLOPs are XLA\'s '
+      'figures for the compiled programs (FLOPs executed, each loop body once per '
+      'trip); the charts, the front and the recommendation rank by them, and the '
+      'table also gives what the jaxpr asks for. A policy\'s warnings are in its '
       'row\'s notes.</p>',
       _summary_html(comparison),
       '<section><h2>Policies compared</h2>', comparison_table_html(comparison),
