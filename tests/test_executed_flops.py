@@ -119,3 +119,28 @@ def test_the_front_ranks_by_what_the_compiled_program_executes():
                     and (o.peak_bytes, o.compiled_flops) != (r.peak_bytes, r.compiled_flops)
                     for o in usable)
     assert r.on_pareto_front == (not dominated), r.label
+
+
+def test_a_conditional_in_a_loop_is_a_range_and_says_so():
+  """XLA counts a conditional at its costliest branch; which branch runs is
+  decided as the program runs, so the count is a range, each end XLA's."""
+  rng = np.random.default_rng(5)
+  w = jnp.asarray(rng.standard_normal((128, 128)) / 12, jnp.float32)
+  x = jnp.asarray(rng.standard_normal((64, 128)), jnp.float32)
+  trips = 10
+
+  def loss(w, x):
+    def body(c, i):
+      heavy = lambda c: jnp.tanh(c @ w)
+      return jax.lax.cond(i % 5 == 0, heavy, lambda c: c * 1.5, c), None
+    return jnp.sum(jax.lax.scan(body, x, jnp.arange(trips))[0] ** 2)
+
+  comparison = compare({'cond in a loop': loss}, w, x)
+  row = comparison.row('cond in a loop')
+  low, high = row.costs.executed_flops_low, row.compiled_flops
+  matmul = 2 * 64 * 128 * 128
+  # Forward and backward, every trip: the matmul branch (and its transpose)
+  # counts in the high end only.
+  assert high - low >= 2 * trips * matmul
+  assert low < 2 * matmul and high > 2 * trips * matmul
+  assert any(w.startswith('FLOPs between') for w in row.warnings)

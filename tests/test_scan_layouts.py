@@ -52,6 +52,12 @@ def test_one_row_per_layout_on_one_pareto_front(comparison):
   assert by_label['lax.scan'].residual_bytes > by_label['every'].residual_bytes
   assert (by_label['lax.scan'].flops < by_label['every'].flops < by_label['sqrt'].flops
           < by_label['binomial s=3'].flops)
+  # So is the recompute the rows report, the binomial loop's (no blocks) too,
+  # and what the compiled programs execute.
+  assert (0 == by_label['lax.scan'].recompute_flops < by_label['every'].recompute_flops
+          < by_label['sqrt'].recompute_flops < by_label['binomial s=3'].recompute_flops)
+  assert (by_label['lax.scan'].compiled_flops < by_label['every'].compiled_flops
+          < by_label['sqrt'].compiled_flops < by_label['binomial s=3'].compiled_flops)
 
 
 def test_each_schedule_shows_its_prediction_beside_the_measurement(comparison):

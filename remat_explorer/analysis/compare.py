@@ -34,6 +34,7 @@ from remat_explorer.analysis.policy_text import parse_policy
 from remat_explorer.analysis.problem import function_name
 from remat_explorer.analysis.program import DEFAULT_LOWERING
 from remat_explorer.analysis.report import RematReport, plain_data
+from remat_explorer.analysis.units import format_flops
 from remat_explorer.engine import checkpoint_policies
 
 FLOPS_USED_BY_CHARTS = 'compiled (executed, loops counted)'
@@ -318,6 +319,11 @@ def _row(label, policy, report, costs) -> PolicyRow:
                      xla_flops=None, temp_bytes=None, peak_bytes=None,
                      compile_seconds=None, run_seconds=None, failed=True)
   flops, recompute, residual = report.total_flops, report.recompute_flops, report.residual_bytes
+  layouts = scan_layouts(report, costs)
+  # The binomial schedule recomputes in a loop of its own, not in blocks:
+  # its recompute is measured in the backward pass (``layouts.py``).
+  recompute += sum(round(c.recomputed_steps * c.step_flops) for c in layouts
+                   if c.schedule.startswith('binomial') and c.recomputed_steps)
   return PolicyRow(
       label=label, policy=policy, report=report, costs=costs,
       residual_bytes=residual, flops=flops, recompute_flops=recompute,
@@ -328,7 +334,7 @@ def _row(label, policy, report, costs) -> PolicyRow:
       residual_bytes_per_device=report.residual_bytes_per_device,
       collectives=None if costs.failed else costs.collective_count,
       recompute_collectives=None if costs.failed else costs.recompute_collective_count,
-      scan_layouts=scan_layouts(report, costs), compiled_flops=costs.executed_flops)
+      scan_layouts=layouts, compiled_flops=costs.executed_flops)
 
 
 _MATMULS = ('dot_general', 'conv_general_dilated')
@@ -376,7 +382,17 @@ def _row_warnings(row: PolicyRow, baseline: PolicyRow | None) -> list[str]:
   explain; a policy whose compiled peak is not below no remat's, with the
   residuals that hold it up (and XLA's merge of the recompute, if any)."""
   layouts = [c.temp_warning for c in row.scan_layouts if c.temp_warning]
-  return layouts + _unknown_flops_warnings(row) + _peak_warnings(row, baseline)
+  return (layouts + _unknown_flops_warnings(row) + _branch_warnings(row)
+          + _peak_warnings(row, baseline))
+
+
+def _branch_warnings(row: PolicyRow) -> list[str]:
+  low, high = row.costs.executed_flops_low, row.compiled_flops
+  if row.failed or low is None or high is None or high - low <= 0.01 * high:
+    return []
+  return [f'FLOPs between {format_flops(low)} and {format_flops(high)}: a conditional '
+          'runs one of its branches, decided as the program runs, and XLA counts the '
+          'costliest; the front and the search rank by that upper count.']
 
 
 def _unknown_flops_warnings(row: PolicyRow) -> list[str]:

@@ -84,8 +84,13 @@ class CompiledCosts:
   executed_flops: float | None = None
   """The FLOPs the compiled program executes on one device: XLA's count of
   each computation, each loop's body once per trip (``executed_flops.py``).
-  Equal to ``xla_flops`` for a program without loops. What the Pareto
-  front, the recommendation and the search rank by."""
+  Equal to ``xla_flops`` for a program without loops. A conditional counts
+  at its costliest branch, as XLA counts it. What the Pareto front, the
+  recommendation and the search rank by."""
+  executed_flops_low: float | None = None
+  """The same with every conditional at its cheapest branch: the program
+  executes between this and ``executed_flops`` (equal without conditionals
+  whose branches differ)."""
   loops_of_unknown_trip_count: int = 0
   """Loops XLA could not count trips of: in ``executed_flops`` once each."""
   bytes_accessed: float | None = None
@@ -382,6 +387,7 @@ def compile_step(step, leaves, *, function, policy, lowering, donate_argnums=(),
       memory_analysis=memory_numbers, buffer_assignment_proto=buffer_assignment,
       xla_flops=cost.get('flops'),
       executed_flops=executed.flops if executed else None,
+      executed_flops_low=executed.low if executed else None,
       loops_of_unknown_trip_count=executed.unknown_trip_counts if executed else 0,
       bytes_accessed=cost.get('bytes accessed'),
       transcendentals=cost.get('transcendentals'), cost_analysis=cost,

@@ -11,11 +11,13 @@ that runs loops ``w`` (directly, or through calls and conditionals),
     executed(C) = xla(C) + sum over w of (trips(w) * executed(body(w))
                                           - xla(body(w)))
 
-and likewise for each loop's condition, which runs once more than its body
-does not matter here (it compares a counter). A loop whose trip count XLA
-did not infer is counted once, as ``cost_analysis`` counts it, and said so.
-Nothing is estimated: each term is XLA's own count of a computation of the
-optimized module.
+(a loop's condition compares a counter: left out). A loop whose trip count
+XLA did not infer is counted once, as ``cost_analysis`` counts it, and said
+so. A conditional runs one branch, and which one the program decides as it
+runs: XLA counts its costliest branch, so where branches differ the count
+is a range, from every conditional at its cheapest branch (``low``) to every
+one at its costliest (``flops``, XLA's convention). Nothing is estimated:
+each term is XLA's own count of a computation of the optimized module.
 """
 
 from __future__ import annotations
@@ -33,7 +35,11 @@ _HEADER = re.compile(r'^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*->.*\{\s*$')
 @dataclasses.dataclass(frozen=True)
 class ExecutedFlops:
   flops: float
-  """FLOPs the program executes on one device, loop trip counts applied."""
+  """FLOPs the program executes on one device, loop trip counts applied,
+  each conditional at its costliest branch (as XLA counts one)."""
+  low: float
+  """The same with each conditional at its cheapest branch: the program
+  executes between ``low`` and ``flops``."""
   loops: int
   """``while`` loops in the program (each counted by its trips)."""
   unknown_trip_counts: int
@@ -46,11 +52,10 @@ def executed_flops(hlo_text: str, device, module: HloModule | None = None
   where this jaxlib cannot run XLA's cost analysis on a module's text."""
   module = module or parse_hlo(hlo_text)
   counter = _Counter(hlo_text, module, device)
-  total = counter.xla(module.entry)
-  if total is None:
+  if counter.xla(module.entry) is None:
     return None
-  return ExecutedFlops(total + counter.extra(module.entry), counter.loops,
-                       counter.unknown)
+  high, low = counter.executed(module.entry)
+  return ExecutedFlops(high, low, counter.loops, counter.unknown)
 
 
 class _Counter:
@@ -60,7 +65,7 @@ class _Counter:
     self.headers = {m.group(2): i for i, line in enumerate(self.lines)
                     if (m := _HEADER.match(line))}
     self.counted: dict[str, float | None] = {}
-    self.extras: dict[str, float] = {}
+    self.runs: dict[str, tuple[float, float]] = {}
     self.loops = self.unknown = 0
 
   def xla(self, name: str) -> float | None:
@@ -69,25 +74,36 @@ class _Counter:
       self.counted[name] = engine.hlo_text_flops(self._as_entry(name), self.device)
     return self.counted[name]
 
-  def extra(self, name: str) -> float:
-    """What XLA's count of `name` misses: its loops' trips after the first."""
-    if name in self.extras:
-      return self.extras[name]
-    total = 0.0
-    for instruction in self.module.computations.get(name, []):
-      if instruction.opcode == 'while':
-        body = instruction.attr('body')
-        trips = _TRIP_COUNT.search(instruction.attrs)
-        self.loops += 1
-        if trips is None:
-          self.unknown += 1
-        once = self.xla(body) or 0.0
-        runs = int(trips.group(1)) if trips else 1
-        total += runs * (once + self.extra(body)) - once
-      else:
-        total += sum(self.extra(c) for c in instruction.called())
-    self.extras[name] = total
-    return total
+  def executed(self, name: str) -> tuple[float, float]:
+    """(costliest, cheapest) FLOPs one run of computation `name` executes."""
+    if name not in self.runs:
+      once = self.xla(name) or 0.0
+      high = low = once
+      for instruction in self.module.computations.get(name, []):
+        if instruction.opcode == 'while':
+          body = instruction.attr('body')
+          trips = _TRIP_COUNT.search(instruction.attrs)
+          self.loops += 1
+          self.unknown += trips is None
+          runs = int(trips.group(1)) if trips else 1
+          counted = self.xla(body) or 0.0  # in `once` already
+          body_high, body_low = self.executed(body)
+          high += runs * body_high - counted
+          low += runs * body_low - counted
+        elif instruction.opcode == 'conditional':
+          branches = instruction.called()
+          counted = max((self.xla(b) or 0.0) for b in branches)  # XLA's choice
+          each = [self.executed(b) for b in branches]
+          high += max(h for h, _ in each) - counted
+          low += min(l for _, l in each) - counted
+        else:
+          for callee in instruction.called():
+            callee_high, callee_low = self.executed(callee)
+            counted = self.xla(callee) or 0.0
+            high += callee_high - counted
+            low += callee_low - counted
+      self.runs[name] = high, low
+    return self.runs[name]
 
   def _as_entry(self, name: str) -> str:
     """The module's text with `name` as its entry, keeping only what it
