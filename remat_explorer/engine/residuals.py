@@ -145,8 +145,9 @@ def log_residuals(level: int, logger, split, staged_input_unknowns) -> None:
   saved_intermediates = describe_residuals(
       known.replace(outvars=known.outvars[len(known.outvars) - num_res:]),
       ('',) * len(known.invars))
-  # Matches JAX's wording on purpose: the log line is the one
-  # `jax.checkpoint` writes, so what reads or filters JAX's log reads ours.
+  # Matches JAX's wording on purpose: what matches the line `jax.checkpoint`
+  # writes matches ours. The logger is our own (`remat_explorer.engine`): a
+  # filter set on JAX's logger by name does not reach it.
   message = 'remat-decorated function '
   if saved_inputs:
     message += 'saving inputs with shapes:\n'
