@@ -144,3 +144,62 @@ def test_a_conditional_in_a_loop_is_a_range_and_says_so():
   assert high - low >= 2 * trips * matmul
   assert low < 2 * matmul and high > 2 * trips * matmul
   assert any(w.startswith('FLOPs between') for w in row.warnings)
+
+
+@pytest.mark.parametrize('lowering', ['cond', 'while'])
+def test_a_recompute_guard_is_counted_as_the_recompute_it_always_runs(lowering):
+  """The cond and while lowerings hide the recompute behind a predicate
+  that is always true and a trip count that is always one, opaque to XLA
+  by design. They are counted as exactly that: one run of the recompute, no
+  range, no loop of unknown trip count. Without loops of the user's own,
+  that is XLA's own count of the program."""
+  rng = np.random.default_rng(int(np.random.default_rng().integers(1 << 16)))
+  ws = [jnp.asarray(rng.standard_normal((96, 96)) / 10, jnp.float32) for _ in range(3)]
+  x = jnp.asarray(rng.standard_normal((32, 96)), jnp.float32)
+
+  def loss(ws, x):
+    for w in ws:
+      x = jax.checkpoint(lambda x, w: jnp.tanh(x @ w))(x, w)
+    return jnp.sum(x ** 2)
+
+  comparison = compare(loss, ws, x, lowering=lowering, policies=['nothing_saveable'])
+  row = comparison.row('nothing_saveable')
+  assert row.costs.executed_flops == row.costs.executed_flops_low == row.costs.xla_flops
+  assert row.costs.loops_of_unknown_trip_count == 0 and not row.flops_unknown
+  assert not any(w.startswith('FLOPs') for w in row.warnings)
+  if lowering == 'cond':
+    # XLA keeps the guarded recompute: each layer's matmul runs once more.
+    matmul = 2 * 32 * 96 * 96
+    assert row.compiled_flops - comparison.baseline.compiled_flops >= 3 * matmul
+
+
+def test_the_binomial_loop_counts_each_turn_once():
+  """The binomial loop's backward pass reverses a step on n - 1 of its
+  turns and only advances on the others; the engine says so, so its FLOPs
+  are exact, not a range: beyond lax.scan's, one step's forward per turn,
+  whatever n and s (counting every turn at its costliest branch would add
+  a VJP for each of the turns that only advance)."""
+  from remat_explorer import checkpointed_scan
+  from remat_explorer.engine import revolve
+  w, h0, step = _ode(0, rng_seed=int(np.random.default_rng().integers(1 << 16)))
+
+  def binomial_loss(n, s):
+    def loss(w, h0):
+      body = lambda h, _: (h + 0.05 * jnp.tanh(h @ w), None)
+      h, _ = checkpointed_scan(body, h0, None, length=n, schedule=('binomial', s))
+      return jnp.sum(h ** 2)
+    return loss
+
+  per_turn = []
+  for n, s in [(20, 3), (20, 5), (57, 3)]:
+    plain = compile_costs(_scan_loss(n), w, h0)
+    binomial = compile_costs(binomial_loss(n, s), w, h0)
+    assert binomial.executed_flops == binomial.executed_flops_low
+    per_turn.append((binomial.executed_flops - plain.executed_flops)
+                    / revolve.backward_turns(n, s))
+  # The same per turn whatever n and s...
+  assert per_turn == pytest.approx([per_turn[0]] * 3, rel=1e-3)
+  # ...one step's forward, and the turn's bookkeeping: elementwise on the
+  # carry (selecting it, masking a snapshot's store), a few carries' worth.
+  one_step = jax.jit(step).lower(h0).compile().cost_analysis()['flops']
+  assert one_step < per_turn[0] < one_step + 8 * h0.size

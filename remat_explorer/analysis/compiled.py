@@ -85,8 +85,9 @@ class CompiledCosts:
   """The FLOPs the compiled program executes on one device: XLA's count of
   each computation, each loop's body once per trip (``executed_flops.py``).
   Equal to ``xla_flops`` for a program without loops. A conditional counts
-  at its costliest branch, as XLA counts it. What the Pareto front, the
-  recommendation and the search rank by."""
+  at its costliest branch, as XLA counts it, unless the engine knows which
+  branch runs (a recompute's guard; the binomial loop's turns). What the
+  Pareto front, the recommendation and the search rank by."""
   executed_flops_low: float | None = None
   """The same with every conditional at its cheapest branch: the program
   executes between this and ``executed_flops`` (equal without conditionals

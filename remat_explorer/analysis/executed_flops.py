@@ -16,7 +16,15 @@ XLA did not infer is counted once, as ``cost_analysis`` counts it, and said
 so. A conditional runs one branch, and which one the program decides as it
 runs: XLA counts its costliest branch, so where branches differ the count
 is a range, from every conditional at its cheapest branch (``low``) to every
-one at its costliest (``flops``, XLA's convention). Nothing is estimated:
+one at its costliest (``flops``, XLA's convention).
+
+The conditionals and loops that guard a recompute (``lowering="cond"`` and
+``"while"``) are opaque to XLA by design, yet always run the recompute
+once; the engine's scope in their ``op_name`` tells them apart, and they are
+counted as exactly that. Where the engine knows how often each branch of a
+conditional runs (the binomial loop's backward pass reverses a step on
+``n - 1`` of its turns), it says so in the conditional's scope, and each
+branch is counted by its share of the runs. Nothing is estimated:
 each term is XLA's own count of a computation of the optimized module.
 """
 
@@ -55,7 +63,8 @@ def executed_flops(hlo_text: str, device, module: HloModule | None = None
   if counter.xla(module.entry) is None:
     return None
   high, low = counter.executed(module.entry)
-  return ExecutedFlops(high, low, counter.loops, counter.unknown)
+  # Branch shares are fractions; their total over a loop's trips is whole.
+  return ExecutedFlops(float(round(high)), float(round(low)), counter.loops, counter.unknown)
 
 
 class _Counter:
@@ -80,22 +89,33 @@ class _Counter:
       once = self.xla(name) or 0.0
       high = low = once
       for instruction in self.module.computations.get(name, []):
+        guard = _guards_recompute(instruction)
         if instruction.opcode == 'while':
           body = instruction.attr('body')
           trips = _TRIP_COUNT.search(instruction.attrs)
-          self.loops += 1
-          self.unknown += trips is None
+          if not guard:
+            self.loops += 1
+            self.unknown += trips is None
           runs = int(trips.group(1)) if trips else 1
           counted = self.xla(body) or 0.0  # in `once` already
           body_high, body_low = self.executed(body)
           high += runs * body_high - counted
           low += runs * body_low - counted
         elif instruction.opcode == 'conditional':
-          branches = instruction.called()
+          branches = instruction.branches()
           counted = max((self.xla(b) or 0.0) for b in branches)  # XLA's choice
           each = [self.executed(b) for b in branches]
-          high += max(h for h, _ in each) - counted
-          low += min(l for _, l in each) - counted
+          shares = _branch_shares(instruction, len(branches))
+          if shares is not None:
+            high += sum(w * h for w, (h, _) in zip(shares, each)) - counted
+            low += sum(w * l for w, (_, l) in zip(shares, each)) - counted
+          else:
+            costliest = max(each)
+            # A guard always takes its recompute branch, the costliest (the
+            # other only fills placeholders).
+            cheapest = costliest if guard else min(each, key=lambda e: e[1])
+            high += costliest[0] - counted
+            low += cheapest[1] - counted
         else:
           for callee in instruction.called():
             callee_high, callee_low = self.executed(callee)
@@ -140,3 +160,23 @@ class _Counter:
       for instruction in self.module.computations.get(c, []):
         todo.extend(instruction.all_called())
     return seen
+
+
+def _scope(instruction) -> str:
+  """The scope `instruction` stands directly in."""
+  path = instruction.op_name.split('/')
+  return path[-2] if len(path) >= 2 else ''
+
+
+def _guards_recompute(instruction) -> bool:
+  """Whether `instruction` is the conditional or loop the engine lowers a
+  recompute into."""
+  return _scope(instruction) == engine.RECOMPUTE_GUARD_SCOPE
+
+
+def _branch_shares(instruction, num_branches: int) -> list[float] | None:
+  """Each branch's share of a conditional's runs, where the engine said."""
+  runs = engine.branch_runs(_scope(instruction))
+  if runs is None or len(runs) != num_branches or sum(runs) == 0:
+    return None
+  return [k / sum(runs) for k in runs]

@@ -94,6 +94,13 @@ class Instruction:
       names += re.findall(r'%?([\w.\-]+)', m.group(1))
     return names
 
+  def branches(self) -> list[str]:
+    """A conditional's branches by index: ``branch_computations`` in order,
+    or a predicate's (false, true)."""
+    if m := re.search(r'branch_computations=\{([^}]*)\}', self.attrs):
+      return re.findall(r'%?([\w.\-]+)', m.group(1))
+    return [self.attr('false_computation'), self.attr('true_computation')]
+
   def all_called(self) -> list[str]:
     """Every computation named in the attributes, fusions' included."""
     if not _may_call(self.attrs):

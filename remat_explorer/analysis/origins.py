@@ -39,7 +39,7 @@ from typing import Iterable, Sequence
 from jax.extend.core import Jaxpr, Var
 
 from remat_explorer.analysis.cache import cleared_with_results
-from remat_explorer.engine import ENGINE_SCOPES
+from remat_explorer.engine import is_engine_scope
 
 # Frames in these packages are the machinery between the user and JAX.
 _LIBRARIES = ('jax', 'jaxlib', 'flax', 'equinox', 'optax', 'chex', 'jaxtyping',
@@ -172,7 +172,7 @@ def clean_scope(name_stack) -> str:
     while (m := _WRAPPER.match(part)) and _balanced(m.group(1)):
       part = m.group(1)
     for inner in _split_scopes(part):
-      if inner and inner not in ENGINE_SCOPES:
+      if inner and not is_engine_scope(inner):
         parts.append(inner)
   return '/'.join(parts)
 

@@ -47,8 +47,39 @@ in each instruction's ``op_name``."""
 CHECKPOINT_LOWERING_SCOPE = 'checkpoint'
 """The name-stack scope a lowered block's body runs in."""
 
-ENGINE_SCOPES = (RECOMPUTE_SCOPE, CHECKPOINT_LOWERING_SCOPE)
+RECOMPUTE_GUARD_SCOPE = 'checkpoint_guard'
+"""The name-stack scope of the conditional (``lowering="cond"``) or loop
+(``lowering="while"``) that guards a recompute. Its predicate is always true
+and its trip count always one, opaque to XLA by design; XLA keeps the scope
+in the instruction's ``op_name``, so a reader of the compiled program can
+tell the guard from the user's own control flow."""
+
+BRANCH_RUNS_SCOPE = 'branch_runs'
+"""The prefix of a scope saying how often each branch of the conditional
+standing directly in it runs over the whole program, where the engine knows
+(``branch_runs[3,12]``: branch 0 three times, branch 1 twelve), as the
+binomial loop's backward pass does: XLA sees a runtime decision."""
+
+
+def branch_runs_scope(runs) -> str:
+  return f'{BRANCH_RUNS_SCOPE}[{",".join(str(int(k)) for k in runs)}]'
+
+
+def branch_runs(scope: str) -> tuple[int, ...] | None:
+  """The runs a ``branch_runs_scope`` names, or None for any other scope."""
+  if not (scope.startswith(BRANCH_RUNS_SCOPE + '[') and scope.endswith(']')):
+    return None
+  return tuple(int(k) for k in scope[len(BRANCH_RUNS_SCOPE) + 1:-1].split(','))
+
+
+ENGINE_SCOPES = (RECOMPUTE_SCOPE, CHECKPOINT_LOWERING_SCOPE, RECOMPUTE_GUARD_SCOPE,
+                 BRANCH_RUNS_SCOPE)
 """Scopes the engine adds that are no part of the user's module path."""
+
+
+def is_engine_scope(part: str) -> bool:
+  """Whether one component of a name stack is a scope the engine added."""
+  return part in ENGINE_SCOPES or branch_runs(part) is not None
 
 
 def in_recompute(name: str) -> bool:
@@ -100,6 +131,7 @@ def parse_scan_scope(name: str) -> ScanScope | None:
 
 __all__ = [
     'jax_checkpoint_p', 'closed_call_p', 'reduce_precision_p', 'name_of_named_value',
-    'scan_consts_and_carries', 'debug_info_of', 'RECOMPUTE_SCOPE', 'CHECKPOINT_LOWERING_SCOPE', 'ENGINE_SCOPES',
+    'scan_consts_and_carries', 'debug_info_of', 'RECOMPUTE_SCOPE', 'CHECKPOINT_LOWERING_SCOPE', 'RECOMPUTE_GUARD_SCOPE',
+    'ENGINE_SCOPES', 'is_engine_scope', 'branch_runs', 'branch_runs_scope',
     'in_recompute', 'recomputes_primal', 'ScanScope', 'scan_scope', 'parse_scan_scope',
 ]

@@ -25,7 +25,7 @@ import jax
 import numpy as np
 
 from remat_explorer.engine import _jax_internals as jx
-from remat_explorer.engine.introspect import CHECKPOINT_LOWERING_SCOPE
+from remat_explorer.engine.introspect import CHECKPOINT_LOWERING_SCOPE, RECOMPUTE_GUARD_SCOPE
 
 core, mlir = jx.core, jx.mlir
 
@@ -83,7 +83,8 @@ def lower_checkpoint(ctx, *args, jaxpr, prevent_cse, differentiated, policy,
         f'checkpoint(lowering={lowering!r}) cannot lower a block with effects '
         f'{set(jaxpr.effects)}; use lowering="barrier" for this block.')
   recompute = _recompute_in_cond if lowering == 'cond' else _recompute_in_while
-  return mlir.lower_fun(lambda *xs: recompute(jaxpr, xs), multiple_results=True)(ctx, *args)
+  guarded = ctx.replace(name_stack=ctx.name_stack.extend(RECOMPUTE_GUARD_SCOPE))
+  return mlir.lower_fun(lambda *xs: recompute(jaxpr, xs), multiple_results=True)(guarded, *args)
 
 
 def _protected_inputs(prevent_cse, num_inputs) -> tuple[bool, ...]:

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from remat_explorer.engine import revolve
-from remat_explorer.engine.introspect import RECOMPUTE_SCOPE
+from remat_explorer.engine.introspect import RECOMPUTE_SCOPE, branch_runs_scope
 from remat_explorer.engine.refs import step_on_ref_values
 
 tree_map = jax.tree_util.tree_map
@@ -149,6 +149,8 @@ class _Schedule:
     ct_xs = _write(ct_xs, self.row(self.n - 1), g_x)
     ctrl, slot = revolve.after_vjp(ctrl, self.s, table, jnp)
     carry = _read(snapshots, slot)
+    # Every step but the last is reversed in the loop, once.
+    turns = revolve.backward_turns(self.n, self.s)
 
     def turn(state, _):
       carry, ctrl, snapshots, ct_carry, g_consts, ct_xs = state
@@ -163,7 +165,11 @@ class _Schedule:
       def keep(ct_carry, g_consts):
         return ct_carry, g_consts, tree_map(lambda a: jnp.zeros(a.shape[1:], a.dtype), ct_xs)
 
-      ct_carry, g_consts, g_x = lax.cond(reversing, reverse_step, keep, ct_carry, g_consts)
+      # Which turns reverse is known here, not to XLA: the scope says how
+      # often each branch runs (`keep` is branch 0), so the compiled
+      # program's FLOPs can be counted exactly.
+      with jax.named_scope(branch_runs_scope((turns - (self.n - 1), self.n - 1))):
+        ct_carry, g_consts, g_x = lax.cond(reversing, reverse_step, keep, ct_carry, g_consts)
       # Rows below the cotangent's position are still zero: writing a zero
       # row while advancing changes nothing.
       ct_xs = _write(ct_xs, self.row(ctrl.pos), g_x)
@@ -177,7 +183,7 @@ class _Schedule:
 
     state = (carry, ctrl, snapshots, ct_carry, g_consts, ct_xs)
     (_, _, _, ct_init, g_consts, ct_xs), _ = lax.scan(
-        turn, state, length=revolve.backward_turns(self.n, self.s), unroll=self.unroll)
+        turn, state, length=turns, unroll=self.unroll)
     return (g_consts, _inexact(snapshots)[1].cotangent_tree(ct_init),
             _inexact(xs)[1].cotangent_tree(ct_xs))
 
