@@ -32,7 +32,7 @@ from remat_explorer.analysis import sharding
 from remat_explorer.analysis.cache import ResultCache
 from remat_explorer.analysis.keywords import check_keywords
 from remat_explorer.analysis.origins import (ModulePaths, call_body, module_of_parameter,
-                                             user_site)
+                                             user_site, user_site_within)
 from remat_explorer.analysis.producers import trace_producer
 from remat_explorer.analysis.problem import Problem
 from remat_explorer.analysis.program import (BlockSite, PolicyChoice, built_policy_choice,
@@ -458,9 +458,7 @@ def _scan_body_reads(eqn, reads, nested):
 
 
 def _recomputed(eqn, index, inside, trips, context, paths) -> RecomputedEquation:
-  site = user_site(eqn.source_info)
-  if site is None and context is not None:
-    site = user_site(context.source_info)
+  site = user_site_within(eqn, () if context is None else (context,))
   return RecomputedEquation(
       primitive=eqn.primitive.name,
       outputs=', '.join(v.aval.str_short(short_dtypes=True) for v in eqn.outvars),

@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 from jax.extend.core import Literal, jaxprs_in_params
 
 from remat_explorer.analysis import flops as flop_count
-from remat_explorer.analysis.origins import (CodeSite, display_name, frames_of,
-                                             is_library_file, user_frames, user_site)
+from remat_explorer.analysis.origins import (CodeSite, display_name, frames_in_call,
+                                             frames_of, is_library_file,
+                                             user_site, user_site_within)
 from remat_explorer.analysis.report import BlockReport, RematReport, aval_text
 from remat_explorer.engine import name_of_named_value
 
@@ -254,9 +255,7 @@ class _Builder:
     prim = eqn.primitive.name
     outs = [aval_text(v.aval) for v in eqn.outvars]
     types = ', '.join(outs[:3]) + (f', … ({len(outs)} outputs)' if len(outs) > 3 else '')
-    site = user_site(eqn.source_info)
-    if site is None and context is not None:
-      site = user_site(context.source_info)
+    site = user_site_within(eqn, () if context is None else (context,))
     subs = list(jaxprs_in_params(eqn.params))
     module_path, group = grouping.of(eqn, context)
     common = dict(types=types, flops=flop_count.eqn_flops(eqn), recomputed=recomputed,
@@ -370,9 +369,10 @@ class _Grouping:
     return module_path, group
 
   def _functions(self, eqn, context) -> tuple:
-    frames = user_frames(eqn.source_info.traceback)
-    if not frames and context is not None:
-      frames = user_frames(context.source_info.traceback)
+    frames = frames_of(eqn.source_info.traceback)
+    if context is not None:
+      frames = frames_in_call(frames_of(context.source_info.traceback), frames)
+    frames = [f for f in frames if not is_library_file(f[0])]
     names = [display_name(f[2]) for f in frames]
     start = names.index(self.entry) + 1 if self.entry in names else 0
     parts = []

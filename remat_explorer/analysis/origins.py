@@ -39,6 +39,7 @@ from typing import Iterable, Sequence
 from jax.extend.core import Jaxpr, Var
 
 from remat_explorer.analysis.cache import cleared_with_results
+from remat_explorer.analysis.cells import cell_label, cell_number, line_text
 from remat_explorer.engine import is_engine_scope
 
 # Frames in these packages are the machinery between the user and JAX.
@@ -85,12 +86,13 @@ def is_library_file(path: str) -> bool:
 class CodeSite:
   """A line of the user's code."""
   file: str
-  """Relative to the working directory when under it, else absolute."""
+  """Relative to the working directory when under it, else absolute; a
+  notebook cell as ``In [12]``."""
   line: int
   function: str
 
   def __str__(self) -> str:
-    return f'{self.file}:{self.line} ({self.function})'
+    return f'{line_text(self.file, self.line)} ({self.function})'
 
 
 Frame = tuple[str, int, str]
@@ -121,13 +123,69 @@ def user_site(source_info) -> CodeSite | None:
   return None if not frames else site_of(frames[-1])
 
 
+def user_site_within(eqn, enclosing: Sequence = ()) -> CodeSite | None:
+  """The innermost line of the user's code on the way to `eqn`, an equation
+  inside the bodies of the `enclosing` equations (outermost first).
+
+  JAX traces a body once and reuses it (``jit``, ``custom_jvp`` and
+  ``scan`` bodies are cached on the function), so the frames recorded
+  inside a body belong to whichever call traced it first, perhaps from
+  another line or from another tool run earlier. Only the frames inside
+  the body are the same for every call; the call itself is where the
+  enclosing equation was bound."""
+  if not enclosing:
+    return user_site(eqn.source_info)
+  frames = frames_of(enclosing[0].source_info.traceback)
+  for inner in (*enclosing[1:], eqn):
+    frames = frames_in_call(frames, frames_of(inner.source_info.traceback))
+  users = [f for f in frames if not is_library_file(f[0])]
+  return site_of(users[-1]) if users else None
+
+
+# How many frames after the user's call line must agree for a body's trace
+# to be taken as entered through that call (an API's wrapper and entry).
+_CALL_ENTRY_FRAMES = 2
+
+
+def frames_in_call(call: Sequence[Frame], inner: Sequence[Frame]) -> tuple[Frame, ...]:
+  """The frames of an equation traced inside a call: the call's own frames
+  up to its last line of user code, then `inner`'s frames below the point
+  where its trace entered the same call.
+
+  `inner` was traced through the same user functions as `call` (lines may
+  differ where a cached trace came from another call) and entered the call
+  through the same library frames; otherwise it says nothing of this call
+  and `call`'s frames stand."""
+  call_users = [i for i, f in enumerate(call) if not is_library_file(f[0])]
+  if not call_users:
+    return tuple(inner)
+  inner_users = [i for i, f in enumerate(inner) if not is_library_file(f[0])]
+  if len(inner_users) < len(call_users):
+    return tuple(call)
+  if any(call[i][0::2] != inner[j][0::2] for i, j in zip(call_users, inner_users)):
+    return tuple(call)
+  last_call, last_inner = call_users[-1], inner_users[len(call_users) - 1]
+  entry = [f[0::2] for f in call[last_call + 1:last_call + 1 + _CALL_ENTRY_FRAMES]]
+  entered = [f[0::2] for f in inner[last_inner + 1:last_inner + 1 + len(entry)]]
+  if entry != entered:
+    return tuple(call)
+  return (*call[:last_call + 1], *inner[last_inner + 1:])
+
+
 def site_of(frame: Frame) -> CodeSite:
   file, line, function = frame
   return CodeSite(relative_path(file), line, function)
 
 
-@functools.lru_cache(maxsize=4096)
 def relative_path(path: str) -> str:
+  """How a file is shown: a notebook cell as ``In [12]``, a file under the
+  working directory relative to it, any other file as it is."""
+  number = cell_number(path)
+  return _relative_path(path) if number is None else cell_label(number)
+
+
+@functools.lru_cache(maxsize=4096)
+def _relative_path(path: str) -> str:
   try:
     relative = os.path.relpath(path)
   except ValueError:  # another drive (Windows)
@@ -362,4 +420,4 @@ def call_body(eqn, custom: bool = True):
 
 
 # Per program (tracebacks) or per working directory (relative paths).
-cleared_with_results(_frames, relative_path, is_library_file, _is_jax_file)
+cleared_with_results(_frames, _relative_path, is_library_file, _is_jax_file)

@@ -14,6 +14,7 @@ import inspect
 import re
 from collections.abc import Iterable
 
+from remat_explorer.analysis.cells import line_text
 from remat_explorer.analysis.origins import relative_path
 from remat_explorer.engine import (DotsSaveable, OffloadDotWithNoBatchDims,
                                    SaveAndOffloadOnlyTheseNames, SaveAnyNamesButThese,
@@ -118,7 +119,7 @@ def _lambda_text(policy) -> str:
   code = getattr(policy, '__code__', None)
   if code is None:
     return '<lambda>'
-  where = f'{relative_path(code.co_filename)}:{code.co_firstlineno}'
+  where = line_text(relative_path(code.co_filename), code.co_firstlineno)
   try:
     line = inspect.getsourcelines(policy)[0][0].strip()
   except (OSError, TypeError):

@@ -10,7 +10,7 @@ import dataclasses
 from jax.extend.core import Literal, Var
 
 from remat_explorer.analysis.origins import (CodeSite, ModulePaths, call_body, clean_scope,
-                                             join_scopes, user_site)
+                                             join_scopes, user_site_within)
 from remat_explorer.engine import scan_consts_and_carries
 
 
@@ -27,13 +27,10 @@ class Producer:
   """The equations whose bodies were entered to reach it, outermost first."""
 
   def site(self) -> CodeSite | None:
-    """The user's line that computed the value. JAX records, for an
-    equation inside a ``jit``, only the frames within the jitted function,
-    so where those are all a library's, the call's own line answers."""
-    for eqn in (self.eqn, *reversed(self.enclosing)):
-      if (site := user_site(eqn.source_info)) is not None:
-        return site
-    return None
+    """The user's line that computed the value: inside the bodies entered,
+    the deepest line of the user's own code; where the body is all a
+    library's (``relu``), the line that called it."""
+    return user_site_within(self.eqn, self.enclosing)
 
   def module_path(self, paths: ModulePaths) -> str:
     for eqn in (self.eqn, *reversed(self.enclosing)):
