@@ -1,0 +1,87 @@
+"""A residual's line of the user's code: the line JAX's own
+``print_saved_residuals`` names, whatever ran before, and a notebook cell
+named as its user sees it (``In [3], line 2``), not by IPython's temp file."""
+
+import json
+import re
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import nbformat
+import numpy as np
+from nbclient import NotebookClient
+
+from remat_explorer.analysis import analyze
+from tests.parity import printed_residuals
+
+
+class _Block(nn.Module):
+  features: int
+
+  @nn.compact
+  def __call__(self, x):
+    y = nn.relu(nn.Conv(self.features, (3, 3))(x))
+    y = nn.Conv(self.features, (3, 3))(y)
+    return nn.relu(x + y)
+
+
+class _ResNet(nn.Module):
+  """``relu`` is a jitted function: JAX traces its body once, at the stem,
+  and reuses that trace (with the stem's frames) in every block."""
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.relu(nn.Conv(8, (3, 3))(x))
+    for _ in range(3):
+      x = nn.remat(_Block)(8)(x)
+    return nn.Dense(4)(jnp.mean(x, axis=(1, 2)))
+
+
+def _lines(residuals):
+  return [f'{r.dtype.replace("float", "f")}[{",".join(map(str, r.shape))}] {r.description}'
+          for r in residuals]
+
+
+def test_residual_lines_are_jaxs_whatever_ran_before():
+  """Each residual's ``source`` (the user's line the diagram and the tables
+  show) is the line JAX's ``print_saved_residuals`` names where that line
+  is the user's, before and after JAX's own report has run."""
+  rng = np.random.default_rng(int(np.random.default_rng().integers(1 << 16)))
+  x = jnp.asarray(rng.standard_normal((2, 8, 8, 3)), jnp.float32)
+  model = _ResNet()
+  params = model.init(jax.random.key(int(rng.integers(1 << 16))), x)
+  loss = lambda params, x: jnp.sum(model.apply(params, x) ** 2)
+
+  first = analyze(loss, params, x)
+  jaxs = printed_residuals(jax.ad_checkpoint.print_saved_residuals, loss, params, x)
+  again = analyze(loss, params, x)
+  assert [r.source for r in first.residuals] == [r.source for r in again.residuals]
+  computed = [r for r in first.residuals if r.kind != 'argument']
+  jaxs = [line for line in jaxs if 'from the argument' not in line]
+  assert _lines(computed) == jaxs
+  compared = 0
+  for r, line in zip(computed, jaxs):
+    m = re.search(r' from (\S+):(\d+):\d+ \((.*)\)$', line)
+    if m and __file__.endswith(m.group(1).rsplit('/', 1)[-1]):
+      assert r.source.endswith(f'test_user_lines.py:{m.group(2)} ({m.group(3)})'), (r, line)
+      compared += 1
+  assert compared >= 4
+  # The blocks' outputs come from the block's last line, not the stem's.
+  with open(__file__) as source:
+    block_line = 1 + [l.strip() for l in source].index('return nn.relu(x + y)')
+  assert sum(f'.py:{block_line} ' in (r.source or '') for r in first.residuals) == 2
+
+
+def test_a_notebook_cell_is_named_by_its_execution_count(tmp_path):
+  cells = [
+      'import jax, jax.numpy as jnp\nfrom remat_explorer import analyze',
+      'def loss(w, x):\n    h = jnp.tanh(x @ w)\n    return jnp.sum(h ** 2)',
+      'w, x = jnp.ones((4, 4)) / 3, jnp.arange(8.0).reshape(2, 4)\n'
+      'print([r.source for r in analyze(loss, w, x).residuals if r.primitive == "tanh"])',
+  ]
+  notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+  NotebookClient(notebook, timeout=120, kernel_name='python3',
+                 resources={'metadata': {'path': str(tmp_path)}}).execute()
+  printed = ''.join(o.get('text', '') for o in notebook.cells[2].outputs)
+  assert json.loads(printed.replace("'", '"')) == ['In [2], line 2 (loss)']
