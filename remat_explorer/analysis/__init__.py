@@ -38,8 +38,8 @@ from remat_explorer.analysis.errors import error_summary
 from remat_explorer.analysis.compare import (Comparison, PolicyRow,
                                              builtin_policies, compare)
 from remat_explorer.analysis.compiled import CompiledCosts, compile_costs
-from remat_explorer.analysis.peak import (PeakBuffer, PeakResidual, live_at_peak,
-                                         residuals_at_peak)
+from remat_explorer.analysis.peak import (PeakBuffer, PeakExplanation, PeakResidual,
+                                         explain_peak, live_at_peak, residuals_at_peak)
 from remat_explorer.analysis.policy_info import NO_REMAT, describe_policy
 from remat_explorer.analysis.report import (BlockReport, EquationCost,
                                             RecomputedEquation, RematReport,
@@ -55,6 +55,6 @@ __all__ = [
     'compare', 'Comparison', 'PolicyRow', 'builtin_policies', 'NO_REMAT',
     'describe_policy', 'search_policy', 'SearchResult', 'SaveChosen',
     'EquationPattern', 'parse_policy',
-    'LOWERINGS', 'DEFAULT_LOWERING', 'residuals_at_peak', 'live_at_peak', 'PeakBuffer', 'PeakResidual', 'Collective', 'clear_caches',
+    'LOWERINGS', 'DEFAULT_LOWERING', 'residuals_at_peak', 'live_at_peak', 'explain_peak', 'PeakExplanation', 'PeakBuffer', 'PeakResidual', 'Collective', 'clear_caches',
     'error_summary',
 ]

@@ -32,7 +32,8 @@ from remat_explorer.analysis import sharding
 from remat_explorer.analysis.cache import ResultCache
 from remat_explorer.analysis.keywords import check_keywords
 from remat_explorer.analysis.origins import (ModulePaths, call_body, module_of_parameter,
-                                             user_site, user_site_within)
+                                             user_frames, user_frames_within, user_site,
+                                             user_site_within)
 from remat_explorer.analysis.producers import trace_producer
 from remat_explorer.analysis.problem import Problem
 from remat_explorer.analysis.program import (BlockSite, PolicyChoice, built_policy_choice,
@@ -166,6 +167,8 @@ def _analyze(problem, policy, lowering) -> RematReport:
       transcendentals=(flop_count.jaxpr_transcendentals(forward_jaxpr)
                        + flop_count.jaxpr_transcendentals(backward_jaxpr)),
       module_paths=paths,
+      argument_names=tuple(problem.arg_names),
+      gradient_names=tuple(problem.diff_names),
   )
 
 
@@ -226,9 +229,19 @@ def _residual(index, origin, paths, block_of_equation=None, block=None,
     top = jaxpr.eqns[origin.equation_index]
     if top.primitive.name not in _LOOPS:
       producer_flops = flop_count.eqn_flops(top)
+    elif producer is not None:
+      producer_flops = _stacked_producer_flops(producer)
   site, module_path, name, primitive, carried = None, '', origin.name, origin.primitive, ()
+  provenance = ()
   if producer is not None:
     site = producer.site()
+    # The frames JAX recorded for each computing equation, which XLA keeps
+    # on its instruction; and, where a cached body recorded only a
+    # library's, the call's frames down to it.
+    provenance = tuple(dict.fromkeys(
+        frames for e in producer.computing_eqns()
+        for frames in (user_frames(e.source_info.traceback),
+                       user_frames_within(e, producer.enclosing))))
     module_path = producer.module_path(paths)
     name = name or name_of_named_value(producer.eqn)
     # Inside a body, the primitive that computed it says more than `scan`;
@@ -247,7 +260,19 @@ def _residual(index, origin, paths, block_of_equation=None, block=None,
       argument=origin.argument,
       block=block, memory_space='host' if 'Host' in str(space) else 'device',
       producer_flops=producer_flops, site=site, module_path=module_path,
-      carried_out_of=carried)
+      carried_out_of=carried, provenance=provenance)
+
+
+def _stacked_producer_flops(producer) -> int | None:
+  """What dropping a value a loop stacks would cost at least: its
+  producer's FLOPs at every trip (None where a trip count is unknown)."""
+  trips = 1
+  for label in producer.carried_out_of:
+    if label.startswith('scan×'):
+      trips *= int(label.removeprefix('scan×'))
+    elif label != 'cond':
+      return None
+  return trips * sum(flop_count.eqn_flops(e) for e in producer.computing_eqns())
 
 
 def _equation_to_block(records, blocks):

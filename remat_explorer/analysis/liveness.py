@@ -58,6 +58,8 @@ class LiveBuffer:
   kind: str = 'value'
   """'value'; 'temps' (the peak of the computations one step runs);
   'reserved' (output storage not yet written)."""
+  output_index: int | None = None
+  """For an output, its position among the computation's output leaves."""
   uses: list[int] = dataclasses.field(default_factory=list)
   reusable: list[int] = dataclasses.field(default_factory=list)  # operands
   end: int = -1
@@ -75,6 +77,30 @@ def live_ranges(module: HloModule, placed: Placed | None = None
   graph = _Graph(module.computations, module.entry, {}, placed or {},
                  module.donations)
   return graph.instrs, graph.buffers()
+
+
+def peak_temporaries(module: HloModule, instruction: Instruction,
+                     placed: Placed | None = None
+                     ) -> tuple[str, list[LiveBuffer]] | None:
+  """What the ``<name>/temps`` buffer of `instruction` (a ``while``,
+  ``call`` or ``conditional``) holds: (the computation it runs whose
+  temporaries peak highest, the buffers live at that peak), nested loops'
+  own temporaries as ``/temps`` buffers; None where it runs none."""
+  peaks: dict[str, int] = {}
+  best = None
+  for comp in instruction.called():
+    if comp not in module.computations:
+      continue
+    graph = _Graph(module.computations, comp, peaks, placed or {})
+    held = [b for n, b in enumerate(graph.bufs)
+            if not (b.is_parameter or n in graph.outputs or b.leaf.memory_space)]
+    held += [b for b in graph.buffers() if b.kind == 'temps']
+    live = live_bytes(len(graph.instrs), [(b.start, b.end, b.leaf.bytes) for b in held])
+    step = max(range(len(live)), key=live.__getitem__, default=0)
+    top = live[step] if live else 0
+    if best is None or top > best[0]:
+      best = (top, comp, [b for b in held if b.start <= step <= b.end])
+  return None if best is None else best[1:]
 
 
 def live_bytes(steps: int, ranges: Iterable[tuple[int, int, int]]) -> list[int]:
@@ -127,8 +153,10 @@ class _Graph:
     last = root(instrs)
     found = leaves(values[last.name]) if last else []
     self.outputs = {b for b in found if b is not None}
-    for n in self.outputs:
-      self.bufs[n].is_output = True
+    for k, n in reversed(list(enumerate(found))):  # the first position it fills
+      if n is not None:
+        self.bufs[n].is_output = True
+        self.bufs[n].output_index = k
     self.took_over: dict[int, int] = {}  # buffer -> the one it took storage of
     self._assign_ends()
     params = {int(x.args): values[x.name] for x in instrs

@@ -125,7 +125,14 @@ def user_site(source_info) -> CodeSite | None:
 
 def user_site_within(eqn, enclosing: Sequence = ()) -> CodeSite | None:
   """The innermost line of the user's code on the way to `eqn`, an equation
-  inside the bodies of the `enclosing` equations (outermost first).
+  inside the bodies of the `enclosing` equations (outermost first)."""
+  users = user_frames_within(eqn, enclosing)
+  return site_of(users[-1]) if users else None
+
+
+def user_frames_within(eqn, enclosing: Sequence = ()) -> tuple[Frame, ...]:
+  """The frames of the user's code on the way to `eqn`, an equation inside
+  the bodies of the `enclosing` equations (outermost first).
 
   JAX traces a body once and reuses it (``jit``, ``custom_jvp`` and
   ``scan`` bodies are cached on the function), so the frames recorded
@@ -134,12 +141,11 @@ def user_site_within(eqn, enclosing: Sequence = ()) -> CodeSite | None:
   the body are the same for every call; the call itself is where the
   enclosing equation was bound."""
   if not enclosing:
-    return user_site(eqn.source_info)
+    return user_frames(eqn.source_info.traceback)
   frames = frames_of(enclosing[0].source_info.traceback)
   for inner in (*enclosing[1:], eqn):
     frames = frames_in_call(frames, frames_of(inner.source_info.traceback))
-  users = [f for f in frames if not is_library_file(f[0])]
-  return site_of(users[-1]) if users else None
+  return tuple(f for f in frames if not is_library_file(f[0]))
 
 
 # How many frames after the user's call line must agree for a body's trace

@@ -25,12 +25,27 @@ class Producer:
   ``('scan×4',)`` for a value stacked by a scan over 4 steps."""
   enclosing: tuple = ()
   """The equations whose bodies were entered to reach it, outermost first."""
+  jaxpr: object = None
+  """The jaxpr (or body) that holds `eqn`."""
 
   def site(self) -> CodeSite | None:
     """The user's line that computed the value: inside the bodies entered,
     the deepest line of the user's own code; where the body is all a
     library's (``relu``), the line that called it."""
     return user_site_within(self.eqn, self.enclosing)
+
+  def computing_eqns(self) -> tuple:
+    """`eqn`, and for a named value (``checkpoint_name``, which computes
+    nothing) the equations that computed what it names: what the compiled
+    program has an instruction for."""
+    found, eqn = [self.eqn], self.eqn
+    while (self.jaxpr is not None and eqn.primitive.name in _NAMING and eqn.invars
+           and isinstance(eqn.invars[0], Var)):
+      eqn, _ = _producer(self.jaxpr, eqn.invars[0])
+      if eqn is None:
+        break
+      found.append(eqn)
+    return tuple(found)
 
   def module_path(self, paths: ModulePaths) -> str:
     for eqn in (self.eqn, *reversed(self.enclosing)):
@@ -41,6 +56,8 @@ class Producer:
 
 # Bookkeeping the split adds on a residual: look through to the value.
 _PASS_THROUGH = ('reduce_precision', 'device_put', 'copy', 'copy_p')
+# Equations that give a value a name and compute nothing.
+_NAMING = ('name', *_PASS_THROUGH)
 
 
 def trace_producer(jaxpr, var, scope: str = '') -> Producer | None:
@@ -52,7 +69,7 @@ def trace_producer(jaxpr, var, scope: str = '') -> Producer | None:
     if eqn is None:
       return None
     eqn_scope = join_scopes(scope, clean_scope(eqn.source_info.name_stack))
-    here = Producer(eqn, eqn_scope, tuple(carried), tuple(enclosing))
+    here = Producer(eqn, eqn_scope, tuple(carried), tuple(enclosing), jaxpr)
     if eqn.primitive.name in _PASS_THROUGH:
       if eqn.invars and isinstance(eqn.invars[0], Var):
         var = eqn.invars[0]

@@ -36,8 +36,9 @@ class Residual:
   memory_space: str = 'device'
   producer_flops: int | None = None
   """FLOPs of the equation that produced it: what recomputing it instead
-  would cost at least. None for arguments and for loop outputs (a loop's
-  saved values are per iteration; see its blocks)."""
+  would cost at least. For a value a ``scan`` stacks, its producer's
+  FLOPs in every iteration. None for arguments and for values a ``while``
+  loop carries out (its trip count is not known)."""
   sharding: str | None = None
   """In a sharded program, how the SPMD partitioner shards it, e.g.
   ``P('data', None, 'model')`` or ``replicated``; None otherwise."""
@@ -57,6 +58,11 @@ class Residual:
   position: int | None = None
   """For a block's residual: its input position in the block's staged
   jaxpr (residuals first, then the block inputs it reads)."""
+  provenance: tuple = dataclasses.field(default=(), repr=False, compare=False)
+  """The user's frames (outermost first) of the equations that computed it
+  (its producer, and what a ``checkpoint_name`` names): the stacks the
+  compiled program records for its instructions end with one of these,
+  which is how a buffer is known to hold it (``peak.py``)."""
 
   @property
   def type_string(self) -> str:
@@ -226,6 +232,12 @@ class RematReport:
   in which they count 0."""
   module_paths: Any = dataclasses.field(default=None, repr=False, compare=False)
   """The program's ``origins.ModulePaths``, for ``graph``."""
+  argument_names: tuple[str, ...] = ()
+  """The pytree path of each array argument (``params['blocks']['w1']``),
+  in the order the compiled step takes them."""
+  gradient_names: tuple[str, ...] = ()
+  """The paths of the differentiated ones, in the order the compiled step
+  returns their gradients (after its outputs)."""
 
   @property
   def graph(self):

@@ -37,7 +37,11 @@ from typing import Any
 import numpy as np
 
 from remat_explorer.analysis.hlo import HloModule, Placement, parse_hlo, read_placement
-from remat_explorer.analysis.liveness import LiveBuffer, live_bytes, live_ranges
+from remat_explorer.analysis.hlo_provenance import (ModuleProvenance, StackIndex,
+                                                    module_proto_of, read_stack_index)
+from remat_explorer.analysis.liveness import (LiveBuffer, live_bytes, live_ranges,
+                                              peak_temporaries)
+from remat_explorer.analysis.report import plain_data
 from remat_explorer.engine import in_recompute
 
 
@@ -59,6 +63,19 @@ class Buffer:
   """0 is device memory, the only one counted."""
   source: str = ''
   """``file:line`` of the JAX call that defined it, from HLO metadata."""
+  frames: tuple = ()
+  """The Python stack, outermost first, that JAX recorded for the
+  instruction that computed the value it holds (looking through the loop
+  that stacks it, fusions and copies: ``hlo_provenance``)."""
+  computed_by: str = ''
+  """That instruction's ``op_name`` (JAX's name stack and primitive)."""
+  parts: tuple = ()
+  """For ``/temps``: the buffers the computation it runs holds at its
+  peak (a loop body's per-iteration scratch, nested loops' ``/temps``)."""
+  opcode: str = ''
+  """The defining instruction's opcode (``while`` for a loop's state)."""
+  output_index: int | None = None
+  """For an output, its position among the program's output leaves."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +136,7 @@ class MemoryTimeline:
     return {'steps': list(self.steps), 'live_bytes': list(self.live_bytes),
             'step_passes': list(self.step_passes),
             'placed_bytes': None if self.placed_bytes is None else list(self.placed_bytes),
-            'buffers': [dataclasses.asdict(b) for b in self.buffers],
+            'buffers': plain_data(self.buffers),
             'peak_bytes': self.peak_bytes, 'peak_step': self.peak_step}
 
 
@@ -129,15 +146,20 @@ def memory_timeline(compiled, module: HloModule | None = None,
   ``parse_hlo(compiled.as_text())`` and `memory` is
   ``compiled.memory_analysis()``, where the caller has them already."""
   module = module or parse_hlo(compiled.as_text())
-  return timeline_of(module, read_placement(compiled, memory))
+  proto = module_proto_of(compiled)
+  stacks = None if proto is None else read_stack_index(proto)
+  return timeline_of(module, read_placement(compiled, memory), stacks)
 
 
-def timeline_of(module: HloModule, placement: Placement | None = None) -> MemoryTimeline:
-  """The timeline of a parsed HLO module, placed as `placement` says."""
+def timeline_of(module: HloModule, placement: Placement | None = None,
+                stacks: StackIndex | None = None) -> MemoryTimeline:
+  """The timeline of a parsed HLO module, placed as `placement` says;
+  `stacks`: the module's stack frames, where known."""
   placed_at = _placed_temp_buffers(placement)
   instrs, found = live_ranges(module, placed_at)
   placed = None if placement is None else _placed_bytes(module, placement, found)
-  buffers = [_buffer(b, instrs) for b in found]
+  origins = _Origins(ModuleProvenance(module, stacks), placed_at)
+  buffers = [origins.described(_buffer(b, instrs), b) for b in found]
   live = _live(len(instrs), buffers)
   if placed is not None:
     buffers = _bound_loop_temporaries(buffers, live, placed)
@@ -183,7 +205,7 @@ def _bound_loop_temporaries(buffers: list[Buffer], live, placed) -> list[Buffer]
 
 
 def _buffer(b: LiveBuffer, instrs) -> Buffer:
-  if b.kind != 'value':
+  if b.kind != 'value' or not instrs:
     return Buffer(b.name, b.leaf.bytes, b.start, b.end, b.op_name, False, False,
                   False, b.leaf.memory_space, b.source)
   forward = b.op_name and 'transpose(' not in b.op_name
@@ -191,6 +213,40 @@ def _buffer(b: LiveBuffer, instrs) -> Buffer:
   return Buffer(b.name, b.leaf.bytes, b.start, b.end, b.op_name,
                 bool(forward and read_back and not b.is_parameter),
                 b.is_parameter, b.is_output, b.leaf.memory_space, b.source)
+
+
+class _Origins:
+  """Each buffer's provenance: the stack and name of the instruction that
+  computed its value, and what a ``/temps`` buffer holds."""
+
+  def __init__(self, provenance: ModuleProvenance, placed_at):
+    self.provenance, self.placed_at = provenance, placed_at
+
+  def described(self, buffer: Buffer, live: LiveBuffer, computation=None) -> Buffer:
+    if live.kind == 'reserved':
+      return buffer
+    source = self.provenance.computing_instruction(live.instruction, live.shape_index,
+                                                   computation)
+    defining = self.provenance.instruction(computation or self.provenance.module.entry,
+                                           live.instruction)
+    found = dict(opcode='' if defining is None else defining.opcode,
+                 output_index=live.output_index)
+    if source is not None:
+      found.update(frames=self.provenance.stack(source), computed_by=source.op_name)
+    if live.kind == 'temps':
+      found['parts'] = self._parts(live, computation)
+    return dataclasses.replace(buffer, **found)
+
+  def _parts(self, live: LiveBuffer, computation) -> tuple[Buffer, ...]:
+    ins = self.provenance.instruction(computation or self.provenance.module.entry,
+                                      live.instruction)
+    held = None if ins is None else peak_temporaries(self.provenance.module, ins,
+                                                     self.placed_at)
+    if not held:
+      return ()
+    comp, buffers = held
+    parts = [self.described(_buffer(b, []), b, comp) for b in buffers]
+    return tuple(sorted(parts, key=lambda b: -b.bytes))
 
 
 # -- XLA's placement along the schedule ------------------------------------------------

@@ -165,17 +165,18 @@ def shown_buffers(rows, top: int = PEAK_TOP, residuals: int = PEAK_RESIDUALS) ->
   return [rows[i] for i in sorted(keep)]
 
 
-PEAK_HEADINGS = ('bytes', 'kind', 'name', 'module path', 'source line', 'made by',
+PEAK_HEADINGS = ('bytes', 'kind', 'holds', 'module path', 'source line', 'made by',
                  'FLOPs to drop', 'buffer')
 """The columns of a table of live buffers; `peak_cells` fills them."""
-PEAK_WRAPPED = ('source line', 'buffer')
-"""Columns whose text may break anywhere (long paths without spaces); the
-others (figures, kinds, names, module paths) stay on one line."""
+PEAK_WRAPPED = ('holds', 'source line', 'buffer')
+"""Columns whose text may break anywhere (long paths without spaces, what
+a loop's temporaries hold); the others (figures, kinds, module paths) stay
+on one line."""
 
 
 def peak_cells(r) -> list[str]:
   """A live buffer (``PeakBuffer``) as the text of `PEAK_HEADINGS`' columns."""
-  return [f'{r.bytes:,} ({format_bytes(r.bytes)})', r.kind, r.name or '', r.module_path,
+  return [f'{r.bytes:,} ({format_bytes(r.bytes)})', r.kind, r.holds(), r.module_path,
           r.source, r.made_by, format_flops(r.recompute_flops_to_drop), r.buffer]
 
 
