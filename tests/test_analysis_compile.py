@@ -37,7 +37,21 @@ def _figures(costs):
   out = {f.name: getattr(costs, f.name) for f in dataclasses.fields(costs)
          if f.name not in _NOT_FIGURES}
   out['timeline'] = costs.timeline.to_dict()
+  for buffer in out['timeline']['buffers']:
+    _comparable(buffer)
   return out
+
+
+def _comparable(buffer, part=False):
+  """A timeline buffer without what is not a figure: the Python stack JAX
+  recorded (it runs through the line that called compile_costs, another
+  for each compile) and, for what a loop's body holds, the names XLA
+  numbers the body's fusions by."""
+  buffer.pop('frames')
+  if part:
+    buffer.pop('name')
+  for p in buffer['parts']:
+    _comparable(p, part=True)
 
 
 def _cases():
