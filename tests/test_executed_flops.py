@@ -30,6 +30,20 @@ def _scan_loss(n, *, unroll=1, checkpoint=False):
   return loss
 
 
+def _checkpointed_stack(seed, layers, width, batch):
+  """`layers` checkpointed tanh(x @ w) layers, unrolled."""
+  rng = np.random.default_rng(seed)
+  ws = [jnp.asarray(rng.standard_normal((width, width)) / width ** 0.5, jnp.float32)
+        for _ in range(layers)]
+  x = jnp.asarray(rng.standard_normal((batch, width)), jnp.float32)
+
+  def loss(ws, x):
+    for w in ws:
+      x = jax.checkpoint(lambda x, w: jnp.tanh(x @ w))(x, w)
+    return jnp.sum(x ** 2)
+  return loss, (ws, x)
+
+
 @pytest.mark.parametrize('policy', [None, 'nothing_saveable', 'dots_saveable'])
 def test_a_program_without_loops_executes_what_xla_counts(policy):
   loss_fn, args = examples.transformer(num_layers=2, d_model=32, seq_len=16, batch=2,
@@ -100,15 +114,7 @@ def test_the_front_ranks_by_what_the_compiled_program_executes():
   """On the CPU XLA merges a straight-line recompute with the forward pass:
   the jaxpr asks nothing_saveable for more FLOPs than no remat, the
   compiled programs execute the same. The front follows the compiled count."""
-  rng = np.random.default_rng(3)
-  ws = [jnp.asarray(rng.standard_normal((128, 128)) / 12, jnp.float32) for _ in range(6)]
-  x = jnp.asarray(rng.standard_normal((64, 128)), jnp.float32)
-
-  def loss(ws, x):
-    for w in ws:
-      x = jax.checkpoint(lambda x, w: jnp.tanh(x @ w))(x, w)
-    return jnp.sum(x ** 2)
-
+  loss, (ws, x) = _checkpointed_stack(seed=3, layers=6, width=128, batch=64)
   comparison = compare(loss, ws, x, policies=['nothing_saveable'])
   nothing, baseline = comparison.row('nothing_saveable'), comparison.baseline
   assert nothing.flops > baseline.flops  # what the jaxpr asks for
@@ -153,15 +159,8 @@ def test_a_recompute_guard_is_counted_as_the_recompute_it_always_runs(lowering):
   by design. They are counted as exactly that: one run of the recompute, no
   range, no loop of unknown trip count. Without loops of the user's own,
   that is XLA's own count of the program."""
-  rng = np.random.default_rng(int(np.random.default_rng().integers(1 << 16)))
-  ws = [jnp.asarray(rng.standard_normal((96, 96)) / 10, jnp.float32) for _ in range(3)]
-  x = jnp.asarray(rng.standard_normal((32, 96)), jnp.float32)
-
-  def loss(ws, x):
-    for w in ws:
-      x = jax.checkpoint(lambda x, w: jnp.tanh(x @ w))(x, w)
-    return jnp.sum(x ** 2)
-
+  loss, (ws, x) = _checkpointed_stack(int(np.random.default_rng().integers(1 << 16)),
+                                       layers=3, width=96, batch=32)
   comparison = compare(loss, ws, x, lowering=lowering, policies=['nothing_saveable'])
   row = comparison.row('nothing_saveable')
   assert row.costs.executed_flops == row.costs.executed_flops_low == row.costs.xla_flops
