@@ -560,10 +560,13 @@ def test_explorer_costs_list_what_is_live_at_the_peak(lab, browser):
   _check_timeline_hover(page, timeline, live_at)
 
   # Nothing cut: the tables fit their box, no button is clipped, no escapes.
+  # Measured once the page's fonts are in: while one loads, a label may be
+  # laid out in a fallback font. A failure says which element and by how much.
+  page.evaluate('document.fonts.ready.then(() => true)')
   overflow = explorer.evaluate("""(e) => Array.from(
       e.querySelectorAll('.remat-live, button'))
       .filter(e => e.offsetParent !== null && e.scrollWidth > e.clientWidth + 1)
-      .map(e => e.className || e.innerText)""")
+      .map(e => `${e.className}: ${e.innerText} (${e.scrollWidth} > ${e.clientWidth})`)""")
   assert overflow == [], overflow
   text = explorer.evaluate('(e) => e.textContent')
   assert '\x1b[' not in text and '[35m' not in text
