@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from remat_explorer.analysis.cache import ResultCache
 from remat_explorer.analysis.compiled import CompiledCosts
 from remat_explorer.analysis.origins import (clean_scope, is_library_file, site_of)
 from remat_explorer.analysis.report import RematReport, Residual
@@ -256,21 +257,21 @@ def scope_of(op_name: str) -> str:
 
 # -- residuals by provenance ------------------------------------------------------------------
 
-_matches: dict = {}
+# Keyed by identity, the objects kept in the entry so an id is not reused.
+_matches = ResultCache(max_entries=8)
 
 
 def _residuals_by_buffer(report: RematReport, costs: CompiledCosts) -> dict[str, Residual]:
   """Buffer name -> the residual it holds, for every residual buffer of
   the timeline (computed once per report and costs)."""
   key = (id(report), id(costs))
-  if key in _matches and _matches[key][0] is report and _matches[key][1] is costs:
-    return _matches[key][2]
+  cached = _matches.get(key)
+  if cached is not None and cached[0] is report and cached[1] is costs:
+    return cached[2]
   found = match_residuals([b for b in costs.timeline.buffers
                            if b.is_residual and not b.memory_space],
                           [r for r in report.residuals if r.kind == 'equation'])
-  if len(_matches) >= 8:
-    _matches.pop(next(iter(_matches)))
-  _matches[key] = (report, costs, found)
+  _matches.put(key, (report, costs, found))
   return found
 
 
