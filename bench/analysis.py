@@ -38,8 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from remat_explorer import examples  # noqa: E402
 from remat_explorer.analysis import (NO_REMAT, analyze, builtin_policies,  # noqa: E402
                                      clear_caches, compare, compile_costs)
-from remat_explorer.analysis.compare import usable_cores  # noqa: E402
-from remat_explorer.analysis.search import search_policy  # noqa: E402
+from remat_explorer.analysis.tradeoffs.compare import usable_cores  # noqa: E402
+from remat_explorer.analysis.tradeoffs.search import search_policy  # noqa: E402
 
 
 def bench_analyze(layers: int) -> None:

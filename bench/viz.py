@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import remat_explorer as rx  # noqa: E402
 from remat_explorer import examples, viz  # noqa: E402
 from remat_explorer.analysis import analyze  # noqa: E402
-from remat_explorer.analysis.graph import split_graph_of  # noqa: E402
-from remat_explorer.viz.split_graph import split_diagram  # noqa: E402
+from remat_explorer.analysis.split.graph import split_graph_of  # noqa: E402
+from remat_explorer.viz.diagram.split_graph import split_diagram  # noqa: E402
 
 
 def unrolled_mlp(num_layers: int):

@@ -26,7 +26,7 @@ from remat_explorer import examples, viz  # noqa: E402
 from remat_explorer.analysis.context import compiles_run  # noqa: E402
 from remat_explorer.analysis import (analyze, compare,  # noqa: E402
                                      compile_costs, search_policy)
-from remat_explorer.analysis.collectives import KINDS  # noqa: E402
+from remat_explorer.analysis.xla.collectives import KINDS  # noqa: E402
 from remat_explorer.viz import charts  # noqa: E402
 
 cp = rx.checkpoint_policies

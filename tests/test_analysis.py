@@ -9,7 +9,8 @@ import pytest
 from jax.ad_checkpoint import checkpoint_name as jax_checkpoint_name
 
 import remat_explorer as rx
-from remat_explorer.analysis import analyze, compile_costs, describe_policy
+from remat_explorer.analysis import compile_costs, describe_policy
+from remat_explorer.analysis import analyze
 from remat_explorer.engine import policies
 from tests.parity import jax_residual_bytes, printed_residuals
 
@@ -139,7 +140,7 @@ def _nested(ck, outer_policy=None, inner_policy=None):
 def _backward_flops_of_jax(f, ws, x):
   """FLOPs of the backward pass JAX itself builds for `f` (``jax.vjp`` with
   respect to `ws`, as ``analyze``'s default ``argnums=0``)."""
-  from remat_explorer.analysis.flops import jaxpr_flops
+  from remat_explorer.analysis.split.flops import jaxpr_flops
   out, vjp = jax.vjp(lambda ws: f(ws, x), ws)
   return jaxpr_flops(jax.make_jaxpr(vjp)(jnp.ones_like(out)))
 

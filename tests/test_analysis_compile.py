@@ -9,8 +9,8 @@ import pytest
 
 from remat_explorer import examples
 from remat_explorer.analysis import LOWERINGS, compile_costs
-from remat_explorer.analysis.compare import builtin_policies
-from remat_explorer.analysis.compiled import analysis_compiler_options
+from remat_explorer.analysis.tradeoffs.compare import builtin_policies
+from remat_explorer.analysis.xla.compiled import analysis_compiler_options
 from remat_explorer.analysis.context import compiles_run
 
 # Small sizes: each case compiles the same step twice.

@@ -576,7 +576,7 @@ def test_explorer_costs_list_what_is_live_at_the_peak(lab, browser):
 def test_static_report_pans_and_zooms_its_diagram(browser, tmp_path):
   from remat_explorer import examples
   from remat_explorer.analysis import compare
-  from remat_explorer.viz.html_report import report_html
+  from remat_explorer.viz.html.html_report import report_html
   loss_fn, args = examples.mlp(num_layers=3, width=32, batch=8)
   comparison = compare(loss_fn, *args)
   path = tmp_path / 'report.html'

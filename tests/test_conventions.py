@@ -44,7 +44,7 @@ def _engine_public_names() -> set[str]:
 
 def violations(source: str, relative_path: str, public: set[str]) -> list[str]:
   """What breaks the layering rules in the module at `relative_path`
-  (relative to the package, e.g. 'analysis/graph.py')."""
+  (relative to the package, e.g. 'analysis/split/graph.py')."""
   module = 'remat_explorer.' + relative_path.removesuffix('.py').replace('/', '.')
   in_engine = relative_path.startswith('engine/')
   found = []
@@ -109,3 +109,110 @@ def test_public_api_is_reexported_at_top_level():
   assert policies == set(vars(rx.checkpoint_policies))
   for name in engine.__all__:
     assert hasattr(engine, name), name
+
+
+# Subpackages of a layer package, lowest first; a module imports from its own
+# subpackage, a lower one, or the package's shared top-level modules.
+LAYERS = {
+    'analysis': ('source', 'policies', 'program', 'split', 'xla', 'tradeoffs'),
+    'viz': ('diagram', 'charts', 'html', 'widget'),
+}
+
+
+def _module_of(path: Path) -> str:
+  parts = path.relative_to(PACKAGE.parent).with_suffix('').parts
+  return '.'.join(parts[:-1] if parts[-1] == '__init__' else parts)
+
+
+def _project_imports(path: Path, source: str | None = None) -> set[str]:
+  """The project's modules `path` (or `source` as that module) imports; a
+  name imported from a package that is one of its modules counts as that
+  module."""
+  module = _module_of(path)
+  modules = {_module_of(p) for p in PACKAGE.rglob('*.py')}
+  found = set()
+  for imported, name, _ in _imports(path.read_text() if source is None else source, module):
+    if name and f'{imported}.{name}' in modules:
+      found.add(f'{imported}.{name}')
+    elif imported in modules:
+      found.add(imported)
+  return found - {module}
+
+
+def layer_violations(package: str, sources: dict | None = None) -> list[str]:
+  """What breaks the layer order in `package` (`sources`: a path's source
+  read as if it were in the file)."""
+  sources = sources or {}
+  order = LAYERS[package]
+  found = []
+  for path in sorted((PACKAGE / package).rglob('*.py')):
+    parts = path.relative_to(PACKAGE / package).parts
+    if len(parts) == 1:
+      if parts[0] != '__init__.py' and any(
+          i.startswith(f'remat_explorer.{package}.{sub}')
+          for i in _project_imports(path, sources.get(path)) for sub in order):
+        found.append(f'{package}/{parts[0]} is shared by every layer but imports one')
+      continue
+    rank = order.index(parts[0])
+    for imported in _project_imports(path, sources.get(path)):
+      inside = imported.split('.')
+      if inside[:2] != ['remat_explorer', package]:
+        continue
+      if len(inside) == 2:
+        found.append(f'{path.relative_to(PACKAGE)} imports the {package} package '
+                     'itself (import the module)')
+      elif inside[2] in order and order.index(inside[2]) > rank:
+        found.append(f'{path.relative_to(PACKAGE)} ({parts[0]}) imports {imported}, '
+                     'a higher layer')
+  return found
+
+
+def test_each_layer_imports_only_the_layers_below_it():
+  assert layer_violations('analysis') == []
+  assert layer_violations('viz') == []
+
+
+def test_no_module_imports_itself_back():
+  """No import cycles, function-local imports included."""
+  graph = {_module_of(p): _project_imports(p) for p in PACKAGE.rglob('*.py')
+           if p.name != '__init__.py'}
+  packages = {_module_of(p) for p in PACKAGE.rglob('__init__.py')}
+  cycles = []
+
+  def reaches(start, target, seen):
+    for nxt in graph.get(start, ()):
+      if nxt in packages or nxt in seen:
+        continue
+      if nxt == target:
+        return True
+      seen.add(nxt)
+      if reaches(nxt, target, seen):
+        return True
+    return False
+
+  for module in graph:
+    if reaches(module, module, set()):
+      cycles.append(module)
+  assert cycles == []
+
+
+def test_each_subpackage_lists_every_module_it_holds():
+  for init in PACKAGE.rglob('__init__.py'):
+    if init.parent in (PACKAGE, PACKAGE / 'engine'):
+      continue
+    doc = ast.get_docstring(ast.parse(init.read_text())) or ''
+    for module in init.parent.glob('*.py'):
+      if module.name != '__init__.py':
+        assert f'``{module.stem}``' in doc, f'{init.relative_to(PACKAGE)} omits {module.stem}'
+
+
+def test_the_layer_check_sees_an_upward_import():
+  # A module of the lowest analysis layer importing the top one, or a shared
+  # module importing a layer, is caught.
+  cells = PACKAGE / 'analysis' / 'source' / 'cells.py'
+  units = PACKAGE / 'analysis' / 'units.py'
+  upward = 'def f():\n  from remat_explorer.analysis.tradeoffs import compare\n'
+  assert any('a higher layer' in v for v in layer_violations(
+      'analysis', {cells: cells.read_text() + upward}))
+  assert any('shared by every layer' in v for v in layer_violations(
+      'analysis', {units: units.read_text() + upward}))

@@ -13,8 +13,8 @@ import remat_explorer as rx
 from remat_explorer import examples
 from remat_explorer.analysis import (NO_REMAT, analyze, compare, compile_costs,
                                      describe_policy, residuals_at_peak)
-from remat_explorer.analysis.search import search_policy
-from remat_explorer.viz.timeline_view import forward_backward_boundary
+from remat_explorer.analysis.tradeoffs.search import search_policy
+from remat_explorer.viz.charts.timeline_view import forward_backward_boundary
 
 cp = rx.checkpoint_policies
 
@@ -72,7 +72,7 @@ def test_every_figure_of_the_aot_api_is_recorded():
   """What ``measure`` records equals what ``memory_analysis()`` and
   ``cost_analysis()`` return for the same program, compiled again (XLA's
   compile is deterministic)."""
-  from remat_explorer.analysis.compiled import measure
+  from remat_explorer.analysis.xla.compiled import measure
   program, (ws, x) = _mlp(num_layers=3, width=int(np.random.default_rng(3).integers(16, 64)),
                           seed=3, ck=jax.checkpoint)
   step = jax.value_and_grad(program)
@@ -319,7 +319,7 @@ def test_search_beats_every_builtin_that_fits_by_choosing_one_pattern():
   the wide outputs raises the compiled peak; the narrow outputs are small
   next to the gap. Both are checked before the search is asked."""
   from remat_explorer.analysis.context import compiles_run
-  from remat_explorer.analysis.search import SaveChosen
+  from remat_explorer.analysis.tradeoffs.search import SaveChosen
   program, args = _wide_then_narrow(int(np.random.default_rng(1004).integers(1 << 16)))
   nothing = compile_costs(program, *args, policy=cp.nothing_saveable, lowering='cond')
   dots = compile_costs(program, *args, policy=cp.dots_with_no_batch_dims_saveable,
@@ -397,7 +397,7 @@ def test_equation_patterns_are_what_a_policy_sees_without_sizes():
   """SaveChosen answers from (primitive, input dtypes and ranks,
   parameters) alone, as JAX asks a policy; equations alike in those are
   saved together, at any size."""
-  from remat_explorer.analysis.chosen_policy import EquationPattern, SaveChosen
+  from remat_explorer.analysis.policies.chosen_policy import EquationPattern, SaveChosen
   program, args = _wide_then_narrow(int(np.random.default_rng(1005).integers(1 << 16)))
   wa, wb, x = args[0][0][0], args[0][1][0], args[1]
   jaxpr = jax.make_jaxpr(lambda x: jnp.einsum('bn,wn->bw', x @ wa, wb))(x)
@@ -428,7 +428,8 @@ def test_search_budget_errors():
 
 
 def test_residual_buffers_at_the_peak_link_back_to_their_residuals():
-  from remat_explorer.analysis import analyze, residuals_at_peak
+  from remat_explorer.analysis import residuals_at_peak
+  from remat_explorer.analysis import analyze
   loss_fn, args = examples.mlp(num_layers=4, width=64, batch=16)
   found = residuals_at_peak(analyze(loss_fn, *args), compile_costs(loss_fn, *args))
   assert found and all(p.residual is not None for p in found)
@@ -442,7 +443,8 @@ def test_residual_buffers_at_the_peak_link_back_to_their_residuals():
 
 
 def test_every_buffer_live_at_the_peak_is_described():
-  from remat_explorer.analysis import analyze, live_at_peak, residuals_at_peak
+  from remat_explorer.analysis import live_at_peak, residuals_at_peak
+  from remat_explorer.analysis import analyze
   loss_fn, args = examples.transformer(num_layers=2, d_model=32, seq_len=16, batch=2,
                                        use_scan=True)
   report, costs = analyze(loss_fn, *args), compile_costs(loss_fn, *args)
@@ -465,7 +467,8 @@ def test_every_buffer_live_at_the_peak_is_described():
 
 
 def test_report_and_costs_given_the_other_way_round_is_a_clear_error():
-  from remat_explorer.analysis import analyze, residuals_at_peak
+  from remat_explorer.analysis import residuals_at_peak
+  from remat_explorer.analysis import analyze
   loss_fn, args = examples.mlp(num_layers=2, width=16, batch=4)
   with pytest.raises(TypeError, match=r'expected \(report, costs\).*got \(CompiledCosts, RematReport\)'):
     residuals_at_peak(compile_costs(loss_fn, *args), analyze(loss_fn, *args))

@@ -10,7 +10,7 @@ from jax import lax
 from jax.sharding import AbstractMesh, PartitionSpec as P
 
 import remat_explorer as rx
-from remat_explorer.analysis.flops import (
+from remat_explorer.analysis.split.flops import (
     EquationFlops, flops_by_equation, has_unknown_trip_counts, jaxpr_flops,
     jaxpr_transcendentals)
 

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import remat_explorer as rx
-from remat_explorer.analysis import compiled, origins
+from remat_explorer.analysis.xla import compiled
+from remat_explorer.analysis.source import origins
 
 W = jnp.asarray(np.random.default_rng(5).standard_normal((6, 6)), jnp.float32)
 

@@ -44,7 +44,7 @@ def test_analysis_and_static_rendering_run_without_the_widget_packages():
       assert report.residuals and '<table' in html and '<svg' in svg
       assert not {'ipywidgets', 'anywidget'} & set(sys.modules), sorted(sys.modules)
       for make in (lambda: rx.explore(loss, w, x),
-                   lambda: __import__('remat_explorer.viz.viewer_widget')):
+                   lambda: __import__('remat_explorer.viz.widget.viewer_widget')):
         try:
           make()
         except ImportError as e:

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from remat_explorer import examples
-from remat_explorer.analysis import analyze, compile_costs, explain_peak, live_at_peak
-from remat_explorer.viz import tables
+from remat_explorer.analysis import compile_costs, explain_peak, live_at_peak
+from remat_explorer.analysis import analyze
+from remat_explorer.viz.html import tables
 from tests import framework_models
 
 MODELS = {'linen': framework_models.linen_transformer,

@@ -9,11 +9,14 @@ import re
 
 import pytest
 
-from remat_explorer.analysis import NO_REMAT, analyze, compile_costs, live_at_peak
-from remat_explorer.viz import tables, timeline_html, timeline_view
-from remat_explorer.viz.charts import plot_memory_timeline
+from remat_explorer.analysis import NO_REMAT, compile_costs, live_at_peak
+from remat_explorer.analysis import analyze
+from remat_explorer.viz.html import tables
+from remat_explorer.viz.html import timeline_html
+from remat_explorer.viz.charts import timeline_view
+from remat_explorer.viz.charts.timeline_chart import plot_memory_timeline
 from remat_explorer.viz.text import format_bytes
-from remat_explorer.viz.timeline_view import forward_backward_boundary
+from remat_explorer.viz.charts.timeline_view import forward_backward_boundary
 from tests.framework_models import nnx_transformer
 from tests.programs import named_by_user
 

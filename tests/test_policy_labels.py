@@ -56,14 +56,14 @@ def test_jax_factories_are_labelled_like_ours():
 @pytest.mark.parametrize('name,policy', _built(jax.checkpoint_policies),
                          ids=lambda v: v if isinstance(v, str) else '')
 def test_labels_of_builtins_read_back_as_the_same_policy(name, policy):
-  from remat_explorer.analysis.policy_text import parse_policy
+  from remat_explorer.analysis.policies.policy_text import parse_policy
   label = describe_policy(policy)
   assert describe_policy(parse_policy(label)) == label
   assert describe_policy(parse_policy('jax.checkpoint_policies.' + label)) == label
 
 
 def test_policy_expressions_are_read_safely_and_errors_say_what_is_accepted():
-  from remat_explorer.analysis.policy_text import parse_policy
+  from remat_explorer.analysis.policies.policy_text import parse_policy
   both = parse_policy("save_from_both_policies(dots_saveable, save_only_these_names('x', 'y'))")
   assert describe_policy(both) == (
       "save_from_both_policies(dots_saveable, save_only_these_names('x', 'y'))")

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 import remat_explorer as rx
-from remat_explorer.analysis import analyze, compare
-from remat_explorer.analysis.layouts import scan_layouts
+from remat_explorer.analysis import analyze
+from remat_explorer.analysis import compare
+from remat_explorer.analysis.tradeoffs.layouts import scan_layouts
 
 N, BATCH, HIDDEN, FEATURES = 24, 4, 32, 8
 
@@ -139,7 +140,7 @@ def test_nested_layouts_report_each_level():
 
 
 def test_the_tables_set_theory_beside_measurement(comparison):
-  from remat_explorer.viz.layout_tables import nesting_levels_html, scan_layouts_html
+  from remat_explorer.viz.html.layout_tables import nesting_levels_html, scan_layouts_html
   html = scan_layouts_html(comparison)
   for row in comparison.rows:
     for check in row.scan_layouts:
@@ -154,7 +155,7 @@ def test_the_tables_set_theory_beside_measurement(comparison):
 
 
 def test_the_report_shows_layouts_in_theory_and_measured(comparison):
-  from remat_explorer.viz.html_report import report_html
+  from remat_explorer.viz.html.html_report import report_html
   sqrt = comparison.row('sqrt')
   html = report_html(comparison, sqrt.report)
   assert 'class="remat-layouts"' in html and 'class="remat-levels"' in html

@@ -80,8 +80,8 @@ ENTRY %main (x: f32[8]) -> f32[8] {
 
 
 def test_collectives_are_read_by_operand_pass_and_loop_trip():
-  from remat_explorer.analysis.collectives import collectives_in
-  from remat_explorer.analysis.hlo import parse_hlo
+  from remat_explorer.analysis.xla.collectives import collectives_in
+  from remat_explorer.analysis.xla.hlo import parse_hlo
   summary = collectives_in(parse_hlo(HLO))
   found = {(c.kind, c.phase): (c.count, c.instructions, c.bytes) for c in summary.collectives}
   f32 = 4
@@ -100,7 +100,7 @@ def test_collectives_are_read_by_operand_pass_and_loop_trip():
 
 
 def test_combined_names_split_at_the_top_level_only():
-  from remat_explorer.analysis.collectives import combined_names
+  from remat_explorer.analysis.xla.collectives import combined_names
   assert combined_names('jit(f)/jvp()/dot_general') == ['jit(f)/jvp()/dot_general']
   assert combined_names('jit(f)/transpose(jvp())') == ['jit(f)/transpose(jvp())']
   assert combined_names('jit(f)/(jvp(g)/a:transpose(jvp(g))/b)') == [

@@ -14,9 +14,11 @@ import pytest
 
 import remat_explorer as rx
 from remat_explorer import examples, viz
-from remat_explorer.analysis import analyze, describe_policy
-from remat_explorer.viz import _summarize
-from remat_explorer.viz.split_graph import RECOMPUTED_FILL, split_diagram
+from remat_explorer.analysis import describe_policy
+from remat_explorer.analysis import analyze
+from remat_explorer.viz.diagram import _summarize
+from remat_explorer.analysis.split.graph import split_graph_of
+from remat_explorer.viz.diagram.split_graph import RECOMPUTED_FILL, split_diagram
 from remat_explorer.viz.text import format_bytes
 
 cp = rx.checkpoint_policies
@@ -99,7 +101,7 @@ def test_groups_are_the_users_modules_and_open_one_level_at_a_time():
   query = next(s for s in deeper.sections() if s.id == 'f0/attention/query')
   assert 'dot_general' in [n.lines[0] for n in query.nodes.values()]
   # Closed or open, the drawing accounts for every equation of the split.
-  record = [n for n in report.graph.nodes if n.parent is None and n.kind in ('eqn', 'call')]
+  record = [n for n in split_graph_of(report).nodes if n.parent is None and n.kind in ('eqn', 'call')]
   total = sum(n.equations for n in record)
   for diagram in (closed, opened, deeper, split_diagram(report, expand='all')):
     assert sum(n.equations for n in _drawn(diagram)) == total

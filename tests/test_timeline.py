@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import pytest
 from jax.ad_checkpoint import print_saved_residuals
 
-from remat_explorer.analysis.hlo import parse_hlo
-from remat_explorer.analysis.timeline import MemoryTimeline, memory_timeline, timeline_of
+from remat_explorer.analysis.xla.hlo import parse_hlo
+from remat_explorer.analysis.xla.timeline import MemoryTimeline, memory_timeline, timeline_of
 
 
 def memory_timeline_from_hlo_text(text):

@@ -13,9 +13,15 @@ import pytest
 
 import remat_explorer as rx
 from remat_explorer import examples, viz
-from remat_explorer.analysis import analyze, compare, search_policy
-from remat_explorer.viz import _labels, _panels, charts, tables
-from remat_explorer.viz.explorer import _NAMED
+from remat_explorer.analysis import search_policy
+from remat_explorer.analysis import analyze
+from remat_explorer.analysis import compare
+from remat_explorer.viz.charts import _labels
+from remat_explorer.viz.widget import _panels
+from remat_explorer.viz.charts import costs as charts
+from remat_explorer.viz.charts import timeline_chart
+from remat_explorer.viz.html import tables
+from remat_explorer.viz.widget.explorer import _NAMED
 from remat_explorer.viz.text import byte_unit
 from tests.programs import named_by_user
 
@@ -216,7 +222,7 @@ def test_memory_timeline_overlays_two_policies(comparison):
 
 def test_memory_timeline_of_many_policies_gets_a_panel_each(comparison):
   chosen = {r.label: r.costs for r in comparison.rows if not r.failed}
-  assert len(chosen) > charts.OVERLAY_AT_MOST
+  assert len(chosen) > timeline_chart.OVERLAY_AT_MOST
   fig = viz.plot_memory_timeline(chosen, reference='no remat')
   panels = [ax for ax in fig.axes if ax.get_visible()]
   assert len(panels) == len(chosen) - 1  # the reference is in every panel instead
@@ -367,7 +373,7 @@ def test_report_has_every_section(comparison):
 
 
 def test_viewer_script_loads_each_vendored_module_with_its_licence():
-  from remat_explorer.viz import viewer
+  from remat_explorer.viz.diagram import viewer
   script = viewer.viewer_script()
   for name in viewer.D3_MODULES:
     assert f"d3Load('{name}'" in script
@@ -380,7 +386,7 @@ def test_viewer_script_loads_each_vendored_module_with_its_licence():
 
 
 def test_svg_image_fallback_is_base64_svg_at_natural_size():
-  from remat_explorer.viz.viewer import svg_img_html
+  from remat_explorer.viz.diagram.viewer import svg_img_html
   import base64
   svg = '<svg width="3000pt" height="100pt"><text>&lt;x&gt;</text></svg>'
   html = svg_img_html(svg)
@@ -431,7 +437,7 @@ def test_explorer_controls_change_the_views(problem):
   e = rx.explore(f, *args)
   e.wait(300)
   assert isinstance(e, rx.Explorer)
-  assert [e.tabs.get_title(i) for i in range(5)] == list(viz.explorer.TABS)
+  assert [e.tabs.get_title(i) for i in range(5)] == list(viz.widget.explorer.TABS)
   nothing = e.residual_view.value
   assert 'cluster' in e.diagram.svg and e.diagram.svg.startswith('<svg')
   assert 'Compile failed' not in e.costs_view.value and 'peak bytes' in e.costs_view.value
@@ -484,7 +490,7 @@ def test_a_single_compile_shows_an_indeterminate_bar_and_greys_the_old_costs(pro
 
 
 def test_progress_is_determinate_only_with_a_known_count():
-  from remat_explorer.viz._work import Task
+  from remat_explorer.viz.widget._work import Task
   html = _panels.progress_html([Task('comparing', 2, 6, 'dots_saveable'),
                                 Task('compiling under x<y>')])
   assert '<progress value="2" max="6"></progress>' in html
@@ -735,8 +741,8 @@ def test_columns_without_data_are_hidden(comparison, problem):
 
 
 def test_graphviz_warnings_are_kept_not_printed(capfd):
-  from remat_explorer.viz.embed import graphviz_notes_html
-  from remat_explorer.viz.split_graph import render_svg
+  from remat_explorer.viz.diagram.render import graphviz_notes_html
+  from remat_explorer.viz.diagram.render import render_svg
   import graphviz
   g = graphviz.Digraph()
   g.node('a', shape='no_such_shape')  # dot warns (twice, kept once) and draws

@@ -15,39 +15,42 @@ All four take sharded programs (arguments on a mesh, ``in_shardings``,
 shard, XLA's memory and FLOPs of the partitioned executable, and the
 collectives the recompute re-runs.
 
-Modules, in the order a function flows through them:
+Layers, each importing only those before it (``tests/test_conventions.py``
+checks it); each subpackage's ``__init__`` lists its modules:
 
-* ``problem`` (the function and its arguments, checked), ``program`` (its
-  remat blocks found, policies set), ``origins`` (lines, module paths and
-  names in the user's terms);
-* ``analyze`` and ``report`` (the split, residuals, recompute), ``flops``;
-* ``compiled`` (XLA's figures), ``hlo`` (the compiled module and XLA's buffer
-  placement, read once), ``liveness`` and ``timeline`` (memory along the
-  schedule), ``peak`` (residuals at the peak), ``collectives``, ``sharding``;
-* ``compare``, ``search`` and ``chosen_policy`` (the policy it returns);
-* ``policy_info`` and ``policy_text`` (policies in words, and back),
-  ``units``, ``cache``, ``context``, ``keywords`` (options checked before
-  tracing), ``errors`` (exceptions as users read them).
+1. ``source``: the user's code (lines, module paths, names; what made a value).
+2. ``policies``: policies in words, as text, and the search's answer.
+3. ``program``: the function and its arguments checked, its remat blocks
+   found and their policies set, its devices.
+4. ``split``: ``analyze`` and the ``RematReport`` (residuals, recompute,
+   FLOPs, the plain graph), from the jaxprs.
+5. ``xla``: ``compile_costs`` and the readings of XLA's compiled program
+   (memory timeline, peak, executed FLOPs, collectives).
+6. ``tradeoffs``: ``compare``, ``search_policy`` and scan layouts.
+
+Shared by every layer: ``units`` (figures in words, element sizes),
+``cache`` (result caches, ``clear_caches``), ``context`` (trace settings
+and the compile count) and ``errors`` (exceptions as users read them).
 """
 
-from remat_explorer.analysis.analyze import analyze
-from remat_explorer.analysis.program import DEFAULT_LOWERING, LOWERINGS
+from remat_explorer.analysis.split.analyze import analyze
+from remat_explorer.analysis.program.blocks import DEFAULT_LOWERING, LOWERINGS
 from remat_explorer.analysis.cache import clear_caches
-from remat_explorer.analysis.collectives import Collective
+from remat_explorer.analysis.xla.collectives import Collective
 from remat_explorer.analysis.errors import error_summary
-from remat_explorer.analysis.compare import (Comparison, PolicyRow,
+from remat_explorer.analysis.tradeoffs.compare import (Comparison, PolicyRow,
                                              builtin_policies, compare)
-from remat_explorer.analysis.compiled import CompiledCosts, compile_costs
-from remat_explorer.analysis.peak import (PeakBuffer, PeakExplanation, PeakResidual,
+from remat_explorer.analysis.xla.compiled import CompiledCosts, compile_costs
+from remat_explorer.analysis.xla.peak import (PeakBuffer, PeakExplanation, PeakResidual,
                                          explain_peak, live_at_peak, residuals_at_peak)
-from remat_explorer.analysis.policy_info import NO_REMAT, describe_policy
-from remat_explorer.analysis.report import (BlockReport, EquationCost,
+from remat_explorer.analysis.policies.policy_info import NO_REMAT, describe_policy
+from remat_explorer.analysis.split.report import (BlockReport, EquationCost,
                                             RecomputedEquation, RematReport,
                                             Residual)
-from remat_explorer.analysis.chosen_policy import EquationPattern, SaveChosen
-from remat_explorer.analysis.policy_text import parse_policy
-from remat_explorer.analysis.search import SearchResult, search_policy
-from remat_explorer.analysis.timeline import Buffer, MemoryTimeline
+from remat_explorer.analysis.policies.chosen_policy import EquationPattern, SaveChosen
+from remat_explorer.analysis.policies.policy_text import parse_policy
+from remat_explorer.analysis.tradeoffs.search import SearchResult, search_policy
+from remat_explorer.analysis.xla.timeline import Buffer, MemoryTimeline
 
 __all__ = [
     'analyze', 'RematReport', 'Residual', 'BlockReport', 'RecomputedEquation',

@@ -1,10 +1,14 @@
 """Humanised numbers: bytes in KiB/MiB/GiB, FLOPs in kFLOP/MFLOP/GFLOP,
 seconds in ms/µs. Used wherever the analysis words a figure (a search's
-explanation) and by every renderer."""
+explanation) and by every renderer. And the size of an element from its
+type's short name, as jaxprs and XLA print it (``f32``, ``bf16``, ``s4``,
+``pred``)."""
 
 from __future__ import annotations
 
+import functools
 import math
+import re
 
 _BYTE_UNITS = ('B', 'KiB', 'MiB', 'GiB', 'TiB', 'PiB')
 _FLOP_UNITS = ('FLOP', 'kFLOP', 'MFLOP', 'GFLOP', 'TFLOP', 'PFLOP')
@@ -62,3 +66,15 @@ def _unit(n: float, base: int, count: int) -> float:
       break
     scale *= base
   return scale
+
+
+@functools.lru_cache(maxsize=None)
+def element_bits(type_name: str) -> int:
+  """Bits of one element of the type named `type_name` the way jaxprs and
+  XLA's HLO print it: the width in the name (``f32``, ``bf16``, ``s4``,
+  ``c64``, ``f8e4m3fn``), 8 for booleans (``bool``, ``pred``), 0 for a
+  name without one (``token``, which holds no data)."""
+  if type_name in ('pred', 'bool'):
+    return 8
+  m = re.search(r'\d+', type_name)
+  return int(m.group()) if m else 0

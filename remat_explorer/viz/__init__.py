@@ -2,7 +2,7 @@
 
 * ``split_graph(report) -> graphviz.Digraph`` and ``to_svg`` / ``render_svg``:
   the known/staged split of each remat block, residual edges highlighted.
-* ``viewer`` / ``viewer_widget.DiagramViewer``: the diagram at natural size
+* ``diagram.viewer`` / ``widget.viewer_widget.DiagramViewer``: the diagram at natural size
   with pan and zoom (vendored d3-zoom), in the widget and the report.
 * ``plot_memory_breakdown``, ``plot_pareto``, ``plot_residuals_by_origin``,
   ``plot_memory_timeline``, ``plot_per_device_memory``: matplotlib figures
@@ -15,16 +15,22 @@
 * ``explore(f, *args)`` / ``Explorer``: the ipywidgets Explorer, which only
   wires controls to the functions above (``_work`` runs its compiles on
   workers and applies their results on the main thread).
+
+Layers, each importing only those before it (``tests/test_conventions.py``
+checks it); each subpackage's ``__init__`` lists its modules: ``text``
+(figures and escaping, shared), ``diagram``, ``charts``, ``html``,
+``widget``.
 """
 
-from remat_explorer.viz.charts import (plot_memory_breakdown, plot_memory_timeline,
-                                       plot_pareto, plot_per_device_memory,
-                                       plot_residuals_by_origin)
-from remat_explorer.viz.explorer import Explorer, StaticView, explore
-from remat_explorer.viz.html_report import report_html
-from remat_explorer.viz.split_graph import render_svg, split_graph, to_svg
-from remat_explorer.viz.tables import (comparison_table_html, jaxpr_html, peak_table_html,
-                                       report_jaxprs_html, residual_table_html)
+from remat_explorer.viz.charts.costs import (plot_memory_breakdown, plot_pareto,
+                                            plot_per_device_memory, plot_residuals_by_origin)
+from remat_explorer.viz.charts.timeline_chart import plot_memory_timeline
+from remat_explorer.viz.diagram.render import render_svg, to_svg
+from remat_explorer.viz.diagram.split_graph import split_graph
+from remat_explorer.viz.html.html_report import report_html
+from remat_explorer.viz.html.tables import (comparison_table_html, jaxpr_html, peak_table_html,
+                                            report_jaxprs_html, residual_table_html)
+from remat_explorer.viz.widget.explorer import Explorer, StaticView, explore
 from remat_explorer.viz.text import format_bytes, format_flops
 
 __all__ = [

@@ -1,0 +1,429 @@
+"""Where a value comes from, in the user's terms: their source line, the
+module path of the model, the ``checkpoint_name`` they gave it.
+
+JAX records, with every equation, the Python traceback of the call that
+bound it and a name stack (``jax.named_scope``, Flax Linen's module names,
+and transformation wrappers such as ``jvp(...)``). Both point into
+frameworks as often as into the user's code: a residual of a Flax
+``nn.scan`` stack reads as the output of ``scan`` from
+``flax/core/axes_scan.py``. This module turns them back into the user's
+terms:
+
+* ``user_site``: the innermost frame outside JAX, Flax, Equinox, optax,
+  this package and Python's standard library, its file relative to the
+  working directory when under it.
+* ``clean_scope``: a name stack without JAX's transformation wrappers
+  (``transpose(jvp(Model))/blocks`` -> ``Model/blocks``).
+* ``ModulePaths``: for frameworks that record no module names (Flax NNX,
+  Equinox, plain JAX with parameter pytrees), the module path read from the
+  parameters an equation uses: a matmul reading
+  ``params['blocks']['attention']['query']['kernel']`` runs in module
+  ``blocks/attention/query``, and the other equations of the same call of a
+  method (``Attention.__call__``) in the longest path all of its parameters
+  share (``blocks/attention``).
+
+``producers.trace_producer`` finds the equation that made a value, through
+the bodies that carry it out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+import os
+import re
+import sysconfig
+from typing import Iterable, Sequence
+
+from jax.extend.core import Jaxpr, Var
+
+from remat_explorer.analysis.cache import cleared_with_results
+from remat_explorer.analysis.source.cells import cell_label, cell_number, line_text
+from remat_explorer.engine import is_engine_scope
+
+# Frames in these packages are the machinery between the user and JAX.
+_LIBRARIES = ('jax', 'jaxlib', 'flax', 'equinox', 'optax', 'chex', 'jaxtyping',
+              'typeguard', 'wadler_lindig', 'treescope', 'remat_explorer')
+
+
+@functools.lru_cache(maxsize=None)
+def _package_roots(names: tuple[str, ...]) -> tuple[str, ...]:
+  roots = []
+  for name in names:
+    try:
+      spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+      continue
+    if spec is not None and spec.submodule_search_locations:
+      roots.extend(spec.submodule_search_locations)
+  return tuple(os.path.join(os.path.realpath(r), '') for r in roots)
+
+
+@functools.lru_cache(maxsize=None)
+def _library_roots() -> tuple[str, ...]:
+  stdlib = {sysconfig.get_paths()['stdlib'], sysconfig.get_paths()['platstdlib']}
+  return (*(os.path.join(os.path.realpath(r), '') for r in stdlib),
+          *_package_roots(_LIBRARIES))
+
+
+# This package's example models are a user's code like any other.
+_OWN_EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))),
+                             'examples.py')
+
+
+@functools.lru_cache(maxsize=4096)
+def is_library_file(path: str) -> bool:
+  if not path or path.startswith('<frozen'):
+    return True
+  real = os.path.realpath(path)
+  if real == _OWN_EXAMPLES:
+    return False
+  return any(real.startswith(root) for root in _library_roots())
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class CodeSite:
+  """A line of the user's code."""
+  file: str
+  """Relative to the working directory when under it, else absolute; a
+  notebook cell as ``In [12]``."""
+  line: int
+  function: str
+
+  def __str__(self) -> str:
+    return f'{line_text(self.file, self.line)} ({self.function})'
+
+
+Frame = tuple[str, int, str]
+"""(file, line, function qualname), as JAX's tracebacks record them."""
+
+
+def frames_of(traceback) -> tuple[Frame, ...]:
+  """The frames of an equation's traceback, outermost first."""
+  if traceback is None:
+    return ()
+  return _frames(traceback)
+
+
+@functools.lru_cache(maxsize=65536)
+def _frames(traceback) -> tuple[Frame, ...]:
+  return tuple((f.file_name, f.line_num, f.function_name)
+               for f in reversed(traceback.frames))
+
+
+def user_frames(traceback) -> tuple[Frame, ...]:
+  """The frames of the user's own code, outermost first."""
+  return tuple(f for f in frames_of(traceback) if not is_library_file(f[0]))
+
+
+def user_site(source_info) -> CodeSite | None:
+  """The innermost line of the user's code on the way to `source_info`."""
+  frames = user_frames(getattr(source_info, 'traceback', None))
+  return None if not frames else site_of(frames[-1])
+
+
+def user_site_within(eqn, enclosing: Sequence = ()) -> CodeSite | None:
+  """The innermost line of the user's code on the way to `eqn`, an equation
+  inside the bodies of the `enclosing` equations (outermost first)."""
+  users = user_frames_within(eqn, enclosing)
+  return site_of(users[-1]) if users else None
+
+
+def user_frames_within(eqn, enclosing: Sequence = ()) -> tuple[Frame, ...]:
+  """The frames of the user's code on the way to `eqn`, an equation inside
+  the bodies of the `enclosing` equations (outermost first).
+
+  JAX traces a body once and reuses it (``jit``, ``custom_jvp`` and
+  ``scan`` bodies are cached on the function), so the frames recorded
+  inside a body belong to whichever call traced it first, perhaps from
+  another line or from another tool run earlier. Only the frames inside
+  the body are the same for every call; the call itself is where the
+  enclosing equation was bound."""
+  if not enclosing:
+    return user_frames(eqn.source_info.traceback)
+  frames = frames_of(enclosing[0].source_info.traceback)
+  for inner in (*enclosing[1:], eqn):
+    frames = frames_in_call(frames, frames_of(inner.source_info.traceback))
+  return tuple(f for f in frames if not is_library_file(f[0]))
+
+
+# How many frames after the user's call line must agree for a body's trace
+# to be taken as entered through that call (an API's wrapper and entry).
+_CALL_ENTRY_FRAMES = 2
+
+
+def frames_in_call(call: Sequence[Frame], inner: Sequence[Frame]) -> tuple[Frame, ...]:
+  """The frames of an equation traced inside a call: the call's own frames
+  up to its last line of user code, then `inner`'s frames below the point
+  where its trace entered the same call.
+
+  `inner` was traced through the same user functions as `call` (lines may
+  differ where a cached trace came from another call) and entered the call
+  through the same library frames; otherwise it says nothing of this call
+  and `call`'s frames stand."""
+  call_users = [i for i, f in enumerate(call) if not is_library_file(f[0])]
+  if not call_users:
+    return tuple(inner)
+  inner_users = [i for i, f in enumerate(inner) if not is_library_file(f[0])]
+  if len(inner_users) < len(call_users):
+    return tuple(call)
+  if any(call[i][0::2] != inner[j][0::2] for i, j in zip(call_users, inner_users)):
+    return tuple(call)
+  last_call, last_inner = call_users[-1], inner_users[len(call_users) - 1]
+  entry = [f[0::2] for f in call[last_call + 1:last_call + 1 + _CALL_ENTRY_FRAMES]]
+  entered = [f[0::2] for f in inner[last_inner + 1:last_inner + 1 + len(entry)]]
+  if entry != entered:
+    return tuple(call)
+  return (*call[:last_call + 1], *inner[last_inner + 1:])
+
+
+def site_of(frame: Frame) -> CodeSite:
+  file, line, function = frame
+  return CodeSite(relative_path(file), line, function)
+
+
+def relative_path(path: str) -> str:
+  """How a file is shown: a notebook cell as ``In [12]``, a file under the
+  working directory relative to it, any other file as it is."""
+  number = cell_number(path)
+  return _relative_path(path) if number is None else cell_label(number)
+
+
+@functools.lru_cache(maxsize=4096)
+def _relative_path(path: str) -> str:
+  try:
+    relative = os.path.relpath(path)
+  except ValueError:  # another drive (Windows)
+    return path
+  return path if relative.startswith('..') else relative
+
+
+def entry_function(call_eqn, body) -> str | None:
+  """The user's function a call runs (a remat block's): the first frame of
+  the user's code that its body's equations were traced in and its call
+  site was not. A framework's wrappers in between are skipped, so a Flax
+  module's block is named by its ``__call__``'s class (``Block``)."""
+  outside = set(user_frames(call_eqn.source_info.traceback))
+  counts: dict[str, int] = {}
+  for eqn in body.eqns:
+    for frame in user_frames(eqn.source_info.traceback):
+      if frame not in outside:
+        counts[frame[2]] = counts.get(frame[2], 0) + 1
+        break
+  if not counts:
+    return None
+  return display_name(max(counts, key=counts.get))
+
+
+def display_name(qualname: str) -> str:
+  """``Model.__call__.<locals>.run`` -> ``run``; ``Block.__call__`` ->
+  ``Block``: a function as its user would name it."""
+  return qualname.rsplit('<locals>.', 1)[-1].removesuffix('.__call__')
+
+
+# -- name stacks -----------------------------------------------------------------
+
+_WRAPPER = re.compile(r'^[A-Za-z_]\w*\((.*)\)$')
+
+
+def clean_scope(name_stack) -> str:
+  """A name stack as a module path: JAX's transformation wrappers
+  (``jvp(...)``, ``transpose(...)``, ``vmap(...)``) and the recompute's
+  ``rematted_computation`` scope removed."""
+  parts = []
+  for part in _split_scopes(str(name_stack)):
+    while (m := _WRAPPER.match(part)) and _balanced(m.group(1)):
+      part = m.group(1)
+    for inner in _split_scopes(part):
+      if inner and not is_engine_scope(inner):
+        parts.append(inner)
+  return '/'.join(parts)
+
+
+def join_scopes(outer: str, inner: str) -> str:
+  return '/'.join(p for p in (outer, inner) if p)
+
+
+def _split_scopes(text: str) -> list[str]:
+  parts, depth, start = [], 0, 0
+  for i, c in enumerate(text):
+    depth += {'(': 1, ')': -1}.get(c, 0)
+    if c == '/' and depth == 0:
+      parts.append(text[start:i])
+      start = i + 1
+  parts.append(text[start:])
+  return [p for p in parts if p]
+
+
+def _balanced(text: str) -> bool:
+  depth = 0
+  for c in text:
+    depth += {'(': 1, ')': -1}.get(c, 0)
+    if depth < 0:
+      return False
+  return depth == 0
+
+
+# -- module paths from parameters ----------------------------------------------------
+
+# Equations that only move or reshape a parameter: what they give is still
+# the parameter (a slice of a stacked one under scan, a cast, ...).
+_VIEWS = frozenset('''reshape squeeze expand_dims broadcast_in_dim convert_element_type
+  transpose copy copy_p slice dynamic_slice device_put sharding_constraint
+  reduce_precision'''.split())
+_LEAF_WRAPPERS = ('value', 'raw_value')
+
+
+def path_components(arg_name: str) -> tuple[str, ...]:
+  """``params['blocks'][0].kernel.value`` -> ``('params', 'blocks', '0',
+  'kernel', 'value')``: the keys of a pytree path as JAX prints it."""
+  return tuple(m.group(1) or m.group(2) or m.group(3) for m in
+               re.finditer(r"\['([^']*)'\]|\[(\d+)\]|\.?([A-Za-z_]\w*)", arg_name))
+
+
+def module_of_parameter(arg_name: str) -> str:
+  """The module path of a parameter: its path without the argument's own
+  name, the array's key (``kernel``, ``weight``) and value wrappers."""
+  parts = list(path_components(arg_name))[1:]
+  while parts and parts[-1] in _LEAF_WRAPPERS:
+    parts.pop()
+  return '/'.join(parts[:-1])
+
+
+def _common_path(paths: Iterable[str]) -> str:
+  split = [p.split('/') for p in paths]
+  if not split:
+    return ''
+  common = os.path.commonprefix(split)
+  return '/'.join(common)
+
+
+def _is_method(function: str) -> bool:
+  """``Attention.__call__`` is; ``scan.<locals>.body`` and ``f`` are not."""
+  return '.' in function and '<' not in function
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_jax_file(path: str) -> bool:
+  real = os.path.realpath(path)
+  return any(real.startswith(root) for root in _package_roots(('jax', 'jaxlib')))
+
+
+def _calls(frames: Sequence[Frame]) -> list[tuple]:
+  """The method calls an equation runs inside, outermost first: each one
+  identified by the call sites leading to it and the method itself, so
+  that two calls of one method from different lines differ. JAX's own
+  methods (``ufunc.__call__``, ...) are not a model's modules."""
+  keys, sites = [], []
+  for file, line, function in frames:
+    if _is_jax_file(file):
+      continue
+    if _is_method(function):
+      keys.append((*sites, (file, function)))
+    sites.append((file, line))
+  return keys
+
+
+class ModulePaths:
+  """Module paths of a program's equations, from the parameters they use.
+
+  Built once from the program (before differentiation), it answers for any
+  equation with the same traceback, such as the forward and backward
+  copies differentiation makes of it.
+  """
+
+  def __init__(self, jaxpr, arg_names: Sequence[str]):
+    self._by_call: dict[tuple, set[str]] = {}
+    self._direct: dict[object, set[str]] = {}
+    paths = {v: module_of_parameter(n) for v, n in zip(jaxpr.invars, arg_names)
+             if n and module_of_parameter(n)}
+    self._walk(jaxpr, paths)
+    self._path_of_call = {k: _common_path(v) for k, v in self._by_call.items()}
+    self._path_of_line = {k: _common_path(v) for k, v in self._direct.items()}
+
+  def _walk(self, jaxpr, paths: dict) -> set[str]:
+    """Record the module paths each equation reads; return all of them.
+
+    JAX records, for an equation inside a body (``jit``, ``scan``, ...),
+    only the frames from the body's function down; so what a body reads
+    is also recorded for the method calls of the equation holding it."""
+    read_here: set[str] = set()
+    for eqn in jaxpr.eqns:
+      read = {paths[v] for v in eqn.invars if isinstance(v, Var) and v in paths}
+      if eqn.primitive.name in _VIEWS and len(read) == 1:
+        paths.update((o, next(iter(read))) for o in eqn.outvars)
+        continue
+      subs = _sub_programs(eqn)
+      inside = set()
+      for body, body_inputs in subs:
+        inner = {b: paths[o] for b, o in zip(body.invars, body_inputs)
+                 if isinstance(o, Var) and o in paths}
+        inside |= self._walk(body, inner)
+      tb = eqn.source_info.traceback
+      if read and not subs and tb is not None:
+        self._direct.setdefault(tb, set()).add(_common_path(read))
+      found = inside if subs else ({_common_path(read)} if read else set())
+      if found and tb is not None:
+        for call in _calls(frames_of(tb)):
+          self._by_call.setdefault(call, set()).update(found)
+      read_here |= found
+    return read_here
+
+  def of(self, eqn) -> str:
+    """The module path of `eqn` (or of any equation with its traceback);
+    '' when its parameters say nothing."""
+    tb = eqn.source_info.traceback
+    if tb is None:
+      return ''
+    if tb in self._path_of_line:
+      return self._path_of_line[tb]
+    for call in reversed(_calls(frames_of(tb))):
+      if self._path_of_call.get(call):
+        return self._path_of_call[call]
+    return ''
+
+
+def _sub_programs(eqn) -> list[tuple]:
+  """(jaxpr, the outer atoms its inputs are) for the bodies of an equation
+  whose inputs map onto its body's one to one."""
+  params, name = eqn.params, eqn.primitive.name
+  if name == 'scan':  # consts, carry and xs, in order (xs sliced per step)
+    return [(params['jaxpr'].jaxpr, eqn.invars)]
+  if name == 'cond':
+    return [(b.jaxpr, eqn.invars[1:]) for b in params['branches']]
+  if name == 'while':
+    nc, nb = params['cond_nconsts'], params['body_nconsts']
+    return [(params['body_jaxpr'].jaxpr, eqn.invars[nc:nc + nb] + eqn.invars[nc + nb:])]
+  body = call_body(eqn)
+  return [] if body is None else [(body, eqn.invars)]
+
+
+# Call-like primitives: the parameter that holds the body whose inputs and
+# outputs are the equation's, in order (None: a call without one to read).
+CALL_PRIMITIVES = {
+    'jit': 'jaxpr', 'pjit': 'jaxpr', 'checkpoint': 'jaxpr', 'remat2': 'jaxpr',
+    'closed_call': 'call_jaxpr', 'core_call': 'call_jaxpr', 'call': 'call_jaxpr',
+    'custom_jvp_call': 'call_jaxpr', 'custom_vjp_call': 'call_jaxpr',
+    'custom_vjp_call_jaxpr': 'fun_jaxpr', 'custom_lin': None,
+}
+
+
+def call_body(eqn, custom: bool = True):
+  """The jaxpr of a call-like equation (``CALL_PRIMITIVES``) whose inputs
+  and outputs are the equation's in order, or None. With `custom` False,
+  custom-derivative calls (whose rules are the user's) are not entered."""
+  name = eqn.primitive.name
+  if not custom and name.startswith('custom_'):
+    return None
+  body = eqn.params.get(CALL_PRIMITIVES.get(name) or '')
+  body = getattr(body, 'jaxpr', body)  # a ClosedJaxpr's jaxpr
+  if (not isinstance(body, Jaxpr) or body.constvars
+      or len(body.invars) != len(eqn.invars)
+      or len(body.outvars) != len(eqn.outvars)):
+    return None
+  return body
+
+
+# Per program (tracebacks) or per working directory (relative paths).
+cleared_with_results(_frames, _relative_path, is_library_file, _is_jax_file)

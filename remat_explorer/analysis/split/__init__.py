@@ -1,0 +1,12 @@
+"""The split differentiation makes: residuals, recompute and FLOPs, from
+the jaxprs alone.
+
+Above ``program``; nothing here compiles the training step (the partitioner
+is asked for residual shardings only).
+
+* ``analyze``: ``analyze(f, *args, policy=...) -> RematReport``.
+* ``report``: the plain data it returns (residuals, blocks, recompute).
+* ``flops``: FLOP counts of jaxprs, by XLA's conventions.
+* ``graph``: the split of each block as a plain graph, for diagrams.
+* ``sharding``: what each residual costs per device.
+"""

@@ -1,0 +1,9 @@
+"""Policies weighed against each other: the answers a user acts on.
+
+The top layer of the analysis, built on ``split`` and ``xla``.
+
+* ``compare``: every policy side by side, the Pareto front and the
+  recommendation.
+* ``search``: the policy that fits a memory budget with the fewest FLOPs.
+* ``layouts``: ``checkpointed_scan``'s schedules, predicted beside measured.
+"""

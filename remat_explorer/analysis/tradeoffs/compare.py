@@ -1,0 +1,429 @@
+"""``compare``: every policy side by side, from the jaxpr and from XLA.
+
+One row per policy (plus the no-remat baseline): what the analysis says it
+saves and recomputes, and what XLA compiled. FLOPs come in three counts:
+what the compiled program executes (XLA's count of each computation, loop
+bodies once per trip: ``compiled_flops``, what the Pareto front, the charts,
+the recommendation and the search rank by), what the jaxpr asks for (scan
+trip counts applied: ``flops``; XLA may merge or drop some of it), and XLA's
+``cost_analysis`` as it reports it (a loop's body once: ``xla_flops``).
+
+For a sharded program, compiled bytes, XLA's FLOPs and the collectives are
+per device (one device's partitioned executable); residual bytes come both
+global and per device, and the jaxpr's FLOPs are the whole program's.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+
+from remat_explorer.analysis.split.analyze import analyze
+from remat_explorer.analysis.xla.compiled import CompiledCosts, compile_costs
+from remat_explorer.analysis.context import TraceSettings
+from remat_explorer.analysis.errors import error_summary
+from remat_explorer.analysis.program.keywords import check_keywords, entry_point
+from remat_explorer.analysis.tradeoffs.layouts import scan_layouts
+from remat_explorer.analysis.policies.policy_info import NO_REMAT, describe_policy
+from remat_explorer.analysis.policies.policy_text import parse_policy
+from remat_explorer.analysis.program.problem import function_name
+from remat_explorer.analysis.program.blocks import DEFAULT_LOWERING
+from remat_explorer.analysis.split.report import RematReport, plain_data
+from remat_explorer.analysis.units import format_flops
+from remat_explorer.engine import checkpoint_policies
+
+FLOPS_USED_BY_CHARTS = 'compiled (executed, loops counted)'
+"""Charts plot the FLOPs the compiled program executes (``ranked_flops``)."""
+
+Progress = Callable[[int, int, str], None]
+
+
+def builtin_policies(names_in_program: Sequence[str] = ()) -> dict[str, Any]:
+  """Every built-in policy that applies to a program with these names."""
+  policies = {
+      'nothing_saveable': checkpoint_policies.nothing_saveable,
+      'dots_with_no_batch_dims_saveable':
+          checkpoint_policies.dots_with_no_batch_dims_saveable,
+      'dots_saveable': checkpoint_policies.dots_saveable,
+      'everything_saveable': checkpoint_policies.everything_saveable,
+  }
+  if names_in_program:
+    policy = checkpoint_policies.save_only_these_names(*names_in_program)
+    policies[describe_policy(policy)] = policy
+  return policies
+
+
+@dataclass(frozen=True)
+class PolicyRow:
+  """One policy: the analysis and XLA's compiled figures."""
+  label: str
+  policy: Any = dataclasses.field(repr=False, compare=False)
+  report: RematReport | None = dataclasses.field(repr=False, compare=False)
+  costs: CompiledCosts = dataclasses.field(repr=False, compare=False)
+  residual_bytes: int | None
+  flops: int | None
+  """Forward + backward FLOPs from the jaxpr, trip counts applied."""
+  recompute_flops: int | None
+  xla_flops: float | None
+  """XLA's ``cost_analysis()``: each loop's body once."""
+  temp_bytes: int | None
+  peak_bytes: int | None
+  """Compiled, per device."""
+  compile_seconds: float | None
+  run_seconds: float | None
+  failed: bool
+  recompute_eliminated: str | None = None
+  """Set when XLA merged recomputed matmuls away: the policy's memory saving
+  then does not happen, whatever the jaxpr says."""
+  on_pareto_front: bool = False
+  residual_bytes_per_device: int | None = None
+  """What one device keeps (``residual_bytes`` unless sharded)."""
+  collectives: int | None = None
+  """Collective executions per step in the compiled program."""
+  recompute_collectives: int | None = None
+  """Of those, the ones the recompute re-runs in the backward pass."""
+  scan_layouts: tuple = ()
+  """For each ``checkpointed_scan`` in the program, its schedule's
+  predicted costs beside the measured ones (``layouts.ScanLayoutCheck``)."""
+  warnings: tuple[str, ...] = ()
+  """What is wrong with this row's figures, each once, without the label
+  (``Comparison.warnings`` holds them with it)."""
+  compiled_flops: float | None = None
+  """FLOPs the compiled program executes (per device), loops counted."""
+
+  @property
+  def flops_unknown(self) -> bool:
+    """The compiled program runs a loop whose trip count XLA cannot infer (a
+    ``while_loop`` that ends on a value): no count of its FLOPs is whole."""
+    return self.costs is not None and self.costs.loops_of_unknown_trip_count > 0
+
+  @property
+  def ranked_flops(self) -> float | None:
+    """The FLOPs rows are ranked by: what the compiled program executes,
+    else (no compiled count) what the jaxpr asks for; None where the
+    program's loops make every count partial (``flops_unknown``)."""
+    if self.flops_unknown:
+      return None
+    if self.compiled_flops is not None:
+      return self.compiled_flops
+    return self.flops if self.flops is not None else self.xla_flops
+
+
+@dataclass(frozen=True)
+class Comparison:
+  function: str
+  device_kind: str
+  platform: str
+  rows: tuple[PolicyRow, ...]
+  warnings: tuple[str, ...]
+  """Every row's warnings, each starting with ``'<label>: '``; the rows'
+  ``warnings`` hold the same without the label."""
+  flops_used_by_charts: str = FLOPS_USED_BY_CHARTS
+  num_devices: int = 1
+  """Devices each compiled program is partitioned over."""
+  mesh_shape: tuple[tuple[str, int], ...] | None = None
+
+  @property
+  def baseline(self) -> PolicyRow | None:
+    return next((r for r in self.rows if r.policy is NO_REMAT), None)
+
+  @property
+  def pareto_front(self) -> tuple[PolicyRow, ...]:
+    return tuple(r for r in self.rows if r.on_pareto_front)
+
+  def row(self, label: str) -> PolicyRow:
+    for r in self.rows:
+      if r.label == label:
+        return r
+    raise KeyError(f'no policy {label!r} in this comparison; it has '
+                   f'{[r.label for r in self.rows]}')
+
+  def to_dict(self) -> dict:
+    out = plain_data(dataclasses.replace(self, rows=()))
+    out['rows'] = [dict(plain_data(r), costs=r.costs.to_dict(),
+                        report=None if r.report is None else r.report.to_dict())
+                   for r in self.rows]
+    return out
+
+
+AS_WRITTEN = 'as written'
+"""The label of the program's own policies, unchanged."""
+AS_WRITTEN_NO_REMAT = 'as written (no remat)'
+"""The label of a program without a remat block, as it is."""
+NO_REMAT_LABEL = 'no remat'
+"""The label of the program with its remat blocks removed."""
+
+
+@entry_point
+def compare(f, *args, policies: Mapping[str, Any] | Sequence | None = None,
+            lowering: str | None = None, argnums=0, has_aux: bool = False,
+            repeats: int = 0, include_no_remat: bool = True,
+            include_as_written: bool = True, progress: Progress | None = None,
+            parallel: int | None = None, **kwargs) -> Comparison:
+  """Analyze and compile `f`'s training step (``compile_costs``) under each
+  policy, or each of several functions.
+
+  The first row is the program as written (each block's own policy; for a
+  program without a remat block, the figures without remat), then no
+  remat, then `policies`: a mapping label -> policy, a sequence of
+  policies, of names of ``checkpoint_policies`` entries (``'dots_saveable'``)
+  or of policy expressions (``"save_only_these_names('qkv')"``), or
+  ``None`` for every built-in policy that applies (named-value ones with
+  the program's own names). A program without a remat block is
+  checkpointed as a whole for each policy row (the rows' notes say so).
+
+  `f` may instead be a mapping from labels to functions of the same
+  arguments, such as layouts of one computation (``{'scan': f0, 'sqrt':
+  f1, 'binomial s=4': f2}``): one row each, every function as written.
+  Rows whose program runs a ``checkpointed_scan`` carry its predicted
+  costs beside the measured ones (``PolicyRow.scan_layouts``).
+
+  Compiles run `parallel` at a time (by default one per core the process
+  may use): XLA compiles without holding Python's lock, so on a machine
+  with cores to spare they overlap. `progress(done, total, label)` is
+  called as each row is done. Run times (`repeats`) are measured once
+  every compile has finished, one row at a time, so that nothing else
+  shares the machine while they run.
+  """
+  check_keywords(compare, f, kwargs, policies=policies, lowering=lowering, argnums=argnums,
+                 has_aux=has_aux, repeats=repeats, include_no_remat=include_no_remat,
+                 include_as_written=include_as_written, progress=progress,
+                 parallel=parallel)
+  common = dict(lowering=lowering, argnums=argnums, has_aux=has_aux, **kwargs)
+  if isinstance(f, Mapping):
+    jobs = _layout_jobs(f, policies)
+  else:
+    first = analyze(f, *args, **common)
+    jobs = {}
+    if include_as_written:
+      jobs[AS_WRITTEN if first.blocks else AS_WRITTEN_NO_REMAT] = (f, None)
+    if include_no_remat and (first.blocks or not include_as_written):
+      jobs[NO_REMAT_LABEL] = (f, NO_REMAT)
+    for label, policy in _resolve_policies(policies, first.names_in_program).items():
+      jobs.setdefault(label, (f, policy))
+  rows = _with_warnings(_mark_pareto_front(
+      _run(jobs, args, common, parallel, progress, repeats)))
+  device = rows[0].costs
+  functions = ' / '.join(dict.fromkeys(r.costs.function for r in rows))
+  return Comparison(function=functions, device_kind=device.device_kind,
+                    platform=device.platform, rows=tuple(rows),
+                    warnings=tuple(f'{r.label}: {w}' for r in rows for w in r.warnings),
+                    num_devices=device.num_devices, mesh_shape=device.mesh_shape)
+
+
+def _layout_jobs(functions: Mapping, policies) -> dict[str, tuple]:
+  if policies is not None:
+    raise TypeError('compare takes policies= for one function; for a mapping of '
+                    'functions, each is compared as written. Checkpoint inside '
+                    'each function as you mean it.')
+  if not functions:
+    raise ValueError('compare got an empty mapping of functions to compare.')
+  for label, fn in functions.items():
+    if not isinstance(label, str) or not callable(fn):
+      raise TypeError('compare takes a mapping from labels (str) to functions, '
+                      f'but it maps {label!r} to {fn!r}.')
+  return {label: (fn, None) for label, fn in functions.items()}
+
+
+def _run(jobs: dict[str, tuple], args, common, parallel, progress, repeats):
+  """One row per job (label -> (function, policy)), analyses and compiles
+  on worker threads, run times after."""
+  here = TraceSettings.current()
+
+  def analyze_and_compile(label, fn, policy):
+    # A policy for a program without a block checkpoints it as a whole. One
+    # that cannot be traced or compiled is a failed row; the others go on.
+    try:
+      return (analyze(fn, *args, policy=policy, **common),
+              compile_costs(fn, *args, policy=policy, **common))
+    except Exception as e:
+      return None, _failed_costs(fn, label, common.get('lowering'), e)
+
+  workers = max(1, min(parallel or usable_cores(), len(jobs)))
+  results: dict[str, tuple] = {}
+  with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+    futures = {pool.submit(here.wrap(analyze_and_compile), label, fn, policy): label
+               for label, (fn, policy) in jobs.items()}
+    try:
+      for future in concurrent.futures.as_completed(futures):
+        results[futures[future]] = future.result()
+        if progress is not None:
+          progress(len(results), len(jobs), futures[future])
+    except BaseException:
+      for future in futures:
+        future.cancel()
+      raise
+  rows = []
+  for label, (fn, policy) in jobs.items():
+    report, costs = results[label]
+    if repeats and not costs.failed:  # the executable is cached: this only times its runs
+      costs = compile_costs(fn, *args, policy=policy, repeats=repeats, **common)
+    rows.append(_row(label, policy, report, costs))
+  return rows
+
+
+def usable_cores() -> int:
+  """The cores this process may run on."""
+  try:
+    return len(os.sched_getaffinity(0))
+  except AttributeError:  # not on Linux
+    return os.cpu_count() or 1
+
+
+def _resolve_policies(policies, names_in_program) -> dict[str, Any]:
+  if policies is None:
+    return builtin_policies(names_in_program)
+  if isinstance(policies, Mapping):
+    return dict(policies)
+  if isinstance(policies, str) or callable(policies):
+    raise TypeError('policies must be a mapping or a sequence of policies (or of '
+                    f'their names); for one policy pass [{policies!r}].')
+  resolved = {}
+  for p in policies:
+    if isinstance(p, str):
+      policy = _named_policy(p)
+      resolved[describe_policy(policy)] = policy
+    elif callable(p):
+      resolved[describe_policy(p)] = p
+    else:
+      raise TypeError(f'policies must hold policies or their names; got {p!r}')
+  return resolved
+
+
+def _named_policy(text: str):
+  try:
+    return parse_policy(text)
+  except ValueError as e:
+    raise ValueError(
+        f'{text!r} is not a policy of checkpoint_policies: name one of '
+        f'{sorted(builtin_policies())} or write one, e.g. '
+        f"\"save_only_these_names('query')\" ({e})") from None
+
+
+def _failed_costs(fn, label, lowering, e: Exception) -> CompiledCosts:
+  device = jax.devices()[0]
+  return CompiledCosts(function=function_name(fn), policy=label,
+                       lowering=lowering or DEFAULT_LOWERING, platform=device.platform,
+                       device_kind=device.device_kind, failed=True,
+                       error=error_summary(e, one_line=True))
+
+
+def _row(label, policy, report, costs) -> PolicyRow:
+  if report is None:  # it failed before XLA had a program
+    return PolicyRow(label=label, policy=policy, report=None, costs=costs,
+                     residual_bytes=None, flops=None, recompute_flops=None,
+                     xla_flops=None, temp_bytes=None, peak_bytes=None,
+                     compile_seconds=None, run_seconds=None, failed=True)
+  flops, recompute, residual = report.total_flops, report.recompute_flops, report.residual_bytes
+  layouts = scan_layouts(report, costs)
+  # The binomial schedule recomputes in a loop of its own, not in blocks:
+  # its recompute is measured in the backward pass (``layouts.py``).
+  recompute += sum(round(c.recomputed_steps * c.step_flops) for c in layouts
+                   if c.schedule.startswith('binomial') and c.recomputed_steps)
+  return PolicyRow(
+      label=label, policy=policy, report=report, costs=costs,
+      residual_bytes=residual, flops=flops, recompute_flops=recompute,
+      xla_flops=costs.xla_flops, temp_bytes=costs.temp_bytes,
+      peak_bytes=costs.peak_bytes, compile_seconds=costs.compile_seconds,
+      run_seconds=costs.run_seconds, failed=costs.failed,
+      recompute_eliminated=recompute_eliminated(report, costs),
+      residual_bytes_per_device=report.residual_bytes_per_device,
+      collectives=None if costs.failed else costs.collective_count,
+      recompute_collectives=None if costs.failed else costs.recompute_collective_count,
+      scan_layouts=layouts, compiled_flops=costs.executed_flops)
+
+
+_MATMULS = ('dot_general', 'conv_general_dilated')
+
+
+def recompute_eliminated(report: RematReport | None, costs: CompiledCosts) -> str | None:
+  """Say so when the compiled program has fewer matmuls than the lowered one
+  while the policy asks for matmuls to be recomputed."""
+  if report is None or costs.failed or costs.lowered_matmuls is None:
+    return None
+  recomputed = sum(1 for b in report.blocks if b.differentiated
+                   for e in b.recomputed if e.primitive in _MATMULS)
+  merged = costs.lowered_matmuls - costs.compiled_matmuls
+  if recomputed == 0 or merged <= 0:
+    return None
+  return (f'recompute eliminated by the compiler: the backward pass should '
+          f'recompute {recomputed} matmul(s); the lowered program has '
+          f'{costs.lowered_matmuls}, the optimized one {costs.compiled_matmuls}, so '
+          f'{min(merged, recomputed)} recomputed matmul(s) were merged with the '
+          'forward pass and their outputs are kept alive instead.')
+
+
+def _mark_pareto_front(rows: list[PolicyRow]) -> list[PolicyRow]:
+  """A row is on the front if no other row is at least as good on both peak
+  memory and FLOPs and better on one."""
+  usable = [r for r in rows if not r.failed and r.peak_bytes is not None
+            and r.ranked_flops is not None]
+
+  def dominated(r):
+    return any(o.peak_bytes <= r.peak_bytes and o.ranked_flops <= r.ranked_flops
+               and (o.peak_bytes < r.peak_bytes or o.ranked_flops < r.ranked_flops)
+               for o in usable)
+  front = {id(r) for r in usable if not dominated(r)}
+  return [dataclasses.replace(r, on_pareto_front=id(r) in front) for r in rows]
+
+
+def _with_warnings(rows: list[PolicyRow]) -> list[PolicyRow]:
+  baseline = next((r for r in rows if r.policy is NO_REMAT and not r.failed), None)
+  return [dataclasses.replace(r, warnings=tuple(dict.fromkeys(_row_warnings(r, baseline))))
+          for r in rows]
+
+
+def _row_warnings(row: PolicyRow, baseline: PolicyRow | None) -> list[str]:
+  """A checkpointed scan whose compiled temporaries its schedule does not
+  explain; a policy whose compiled peak is not below no remat's, with the
+  residuals that hold it up (and XLA's merge of the recompute, if any)."""
+  layouts = [c.temp_warning for c in row.scan_layouts if c.temp_warning]
+  return (layouts + _unknown_flops_warnings(row) + _branch_warnings(row)
+          + _peak_warnings(row, baseline))
+
+
+def _branch_warnings(row: PolicyRow) -> list[str]:
+  low, high = row.costs.executed_flops_low, row.compiled_flops
+  if row.failed or low is None or high is None or high - low <= 0.01 * high:
+    return []
+  return [f'FLOPs between {format_flops(low)} and {format_flops(high)}: a conditional '
+          'runs one of its branches, decided as the program runs, and XLA counts the '
+          'costliest; the front and the search rank by that upper count.']
+
+
+def _unknown_flops_warnings(row: PolicyRow) -> list[str]:
+  if row.failed or not row.flops_unknown:
+    return []
+  count = row.costs.loops_of_unknown_trip_count
+  return [f'FLOPs unknown: {count} loop(s) of the compiled program end on a value '
+          '(a while_loop), so XLA cannot count their trips and each body is counted '
+          'once; left off the Pareto front and the recommendation.']
+
+
+def _peak_warnings(row: PolicyRow, baseline: PolicyRow | None) -> list[str]:
+  if (baseline is None or row is baseline or row.failed or row.peak_bytes is None
+      or row.peak_bytes < baseline.peak_bytes):
+    return []
+  return [f'compiled peak {row.peak_bytes:,} bytes is not below no remat\'s '
+          f'{baseline.peak_bytes:,} bytes. Largest residuals besides arguments: '
+          f'{_largest_residuals(row.report) or "none"}.'
+          + (f' {row.recompute_eliminated}' if row.recompute_eliminated else '')]
+
+
+def _largest_residuals(report: RematReport | None, count: int = 3) -> str:
+  """The `count` largest residuals besides arguments (alive anyway), those
+  alike (a residual of every layer) as one item with how many."""
+  if report is None:
+    return ''
+  alike: dict[str, list] = {}
+  for r in report.residuals:
+    if r.kind != 'argument':
+      alike.setdefault(f'{r.type_string} {r.description}', []).append(r.device_bytes)
+  largest = sorted(alike.items(), key=lambda kv: -max(kv[1]))[:count]
+  return '; '.join(text + (f' (×{len(sizes)})' if len(sizes) > 1 else '')
+                   for text, sizes in largest)

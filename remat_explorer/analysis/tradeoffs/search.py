@@ -1,0 +1,361 @@
+"""``search_policy``: the policy that fits a memory budget with fewest FLOPs.
+
+JAX has no automatic policy. This search chooses what to save among handles
+that hold at any batch or sequence length (``chosen_policy.py``): the
+program's ``checkpoint_name``s, roles of equations (dots with and without
+batch dims, convolutions) and equation patterns (primitive, input ranks
+and dtypes, parameters), as a greedy knapsack: each handle is priced by the
+analysis (the residual bytes it adds, the recompute FLOPs it removes), which
+compiles nothing for a program on one device (for a sharded one it compiles
+the forward pass to learn the residuals' shardings, and counts it), and
+the result is verified by compiling it. The built-in policies, the program
+as written and the program without remat are compiled too and are
+candidates, so the answer is never beaten on both peak and FLOPs by any of
+them: it is on the Pareto front of everything the search compiled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from remat_explorer.analysis.split.analyze import analyze
+from remat_explorer.analysis.policies.chosen_policy import ROLES, EquationPattern, SaveChosen
+from remat_explorer.analysis.tradeoffs.compare import (AS_WRITTEN, AS_WRITTEN_NO_REMAT,
+                                             NO_REMAT_LABEL, builtin_policies)
+from remat_explorer.analysis.xla.compiled import CompiledCosts, compile_costs
+from remat_explorer.analysis.context import compiles_run
+from remat_explorer.analysis.program.keywords import check_keywords, entry_point
+from remat_explorer.analysis.policies.policy_info import NO_REMAT
+from remat_explorer.analysis.split.report import RematReport, plain_data
+from remat_explorer.analysis.units import format_bytes, format_flops
+
+# At most this many equation patterns are priced, the ones whose recompute
+# costs most first: each costs one analysis.
+MAX_PATTERN_UNITS = 16
+
+Progress = Callable[[int, 'int | None', str], None]
+"""``progress(done, total, label)``; `total` is None while it is not known
+(pricing, verifying)."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+  label: str
+  peak_bytes: int | None
+  flops: float
+  """What the compiled program executes, loops counted (the jaxpr's count
+  where XLA's cannot be had)."""
+  fits: bool
+
+
+@dataclass(frozen=True)
+class SearchResult:
+  policy: Callable[..., Any] = field(repr=False)
+  label: str
+  """At most 80 characters."""
+  budget_bytes: int
+  peak_bytes: int
+  """Compiled peak of the chosen policy (verified, not predicted); per
+  device for a sharded program."""
+  flops: float
+  """Forward + backward FLOPs the chosen policy's compiled program executes
+  (per device), loops counted: what the search ranks by."""
+  fits: bool
+  """False only if nothing fits, not even ``nothing_saveable``."""
+  explanation: str
+  """What was chosen and why, in a sentence or two."""
+  compiles_used: int
+  """XLA compiles this search ran, pricing included (which compiles the
+  forward pass of a sharded program to learn its shardings); a result cached
+  by an earlier call (of ``analyze``, ``compile_costs``, ``compare`` or the
+  search itself) costs none."""
+  candidates: tuple[Candidate, ...]
+  costs: CompiledCosts = field(repr=False)
+  report: RematReport = field(repr=False)
+
+  def to_source(self) -> str:
+    """Python that builds the chosen policy with JAX alone, as ``policy``
+    (paste it next to ``jax.checkpoint(..., policy=policy)``)."""
+    if isinstance(self.policy, SaveChosen):
+      return 'import jax\n\n' + self.policy.to_source()
+    if self.policy is None:
+      return '# The program as written: keep its own checkpoints and policies.\n'
+    if self.policy is NO_REMAT:
+      return '# No remat: call the checkpointed functions without jax.checkpoint.\n'
+    from remat_explorer.analysis.policies.policy_info import describe_policy
+    return f'import jax\n\npolicy = jax.checkpoint_policies.{describe_policy(self.policy)}\n'
+
+  def to_dict(self) -> dict:
+    out = plain_data(self)
+    out['policy'] = repr(self.policy)
+    out['source'] = self.to_source()
+    out['costs'] = self.costs.to_dict()
+    out['report'] = self.report.to_dict()
+    return out
+
+
+@entry_point
+def search_policy(f, *args, memory_budget: int | float, argnums=0,
+                  has_aux: bool = False, lowering: str | None = None,
+                  progress: Progress | None = None, **kwargs) -> SearchResult:
+  """Find a policy whose compiled peak fits `memory_budget`, fewest FLOPs.
+
+  `memory_budget`: bytes (an int), or a fraction between 0.0 and 1.0 of the
+  way from ``nothing_saveable``'s compiled peak to ``everything_saveable``'s.
+  For a sharded program the peak, the budget and the residual bytes that
+  price each choice are per device. The policy holds at other batch and
+  sequence sizes (it never looks at sizes); ``SearchResult.to_source()``
+  writes it as Python for ``jax.checkpoint``.
+  """
+  check_keywords(search_policy, f, kwargs, memory_budget=memory_budget, argnums=argnums,
+                 has_aux=has_aux, lowering=lowering, progress=progress)
+  _check_budget_type(memory_budget)
+  run = _Runner(f, args, kwargs, argnums, has_aux, lowering, progress)
+  names = run.report(builtin_policies()['nothing_saveable']).names_in_program
+  policies = builtin_policies(names)
+  builtins = {}
+  for i, (label, policy) in enumerate(policies.items()):
+    run.say(i, len(policies), f'compiling {label}')
+    builtins[label] = run.evaluate(label, policy)
+  budget = _resolve_budget(memory_budget, builtins)
+  # The program as written and without remat are answers too: a search
+  # never returns a policy that either of them beats on both peak and FLOPs.
+  own = {}
+  for label, policy in _own_rows(run).items():
+    run.say(0, None, f'compiling {label}')
+    own[label] = run.evaluate(label, policy)
+  evaluated = {**builtins, **own}
+  evaluated.update(_greedy_choice(run, names, budget, builtins))
+  return run.best(budget, evaluated)
+
+
+_OWN_LABELS = (AS_WRITTEN, AS_WRITTEN_NO_REMAT, NO_REMAT_LABEL)
+
+
+def _own_rows(run) -> dict[str, Any]:
+  """The program as written and, if it has remat blocks, without them."""
+  if run.report(None).blocks:
+    return {AS_WRITTEN: None, NO_REMAT_LABEL: NO_REMAT}
+  return {AS_WRITTEN_NO_REMAT: None}
+
+
+def _check_budget_type(memory_budget) -> None:
+  if isinstance(memory_budget, bool) or not isinstance(memory_budget, (int, float)):
+    raise TypeError(
+        f'memory_budget must be bytes (an int) or a fraction (a float between '
+        f'0.0 and 1.0), got {type(memory_budget).__name__} {memory_budget!r}.')
+  if isinstance(memory_budget, float) and not 0.0 <= memory_budget <= 1.0:
+    raise ValueError(
+        f'memory_budget={memory_budget} as a fraction must lie between 0.0 (the '
+        'peak of nothing_saveable) and 1.0 (that of everything_saveable); pass '
+        'an int for a budget in bytes.')
+  if isinstance(memory_budget, int) and memory_budget <= 0:
+    raise ValueError(f'memory_budget={memory_budget} bytes must be positive.')
+
+
+def _resolve_budget(memory_budget, builtins) -> int:
+  nothing = builtins['nothing_saveable'][0]
+  if isinstance(memory_budget, int):
+    floor = None if nothing.failed else nothing.argument_bytes + nothing.output_bytes
+    if floor is not None and memory_budget < floor:
+      raise ValueError(
+          f'memory_budget={memory_budget} is bytes, fewer than the step\'s '
+          f'arguments and outputs alone take ({floor:,} bytes), so no policy '
+          'can fit it. For a fraction of the way from nothing_saveable to '
+          'everything_saveable pass a float (memory_budget=1.0, 0.5, ...).')
+    return memory_budget
+  low = nothing.peak_bytes
+  high = builtins['everything_saveable'][0].peak_bytes
+  return int(low + memory_budget * (high - low))
+
+
+class _Runner:
+  """Evaluates policies (analysis + compile), each once, counting the
+  compiles XLA really ran (not results found in ``compile_costs``' cache)."""
+
+  def __init__(self, f, args, kwargs, argnums, has_aux, lowering, progress):
+    self.f, self.args = f, args
+    self.options = dict(kwargs, argnums=argnums, has_aux=has_aux, lowering=lowering)
+    self.progress = progress
+    self.compiles_before = compiles_run()
+    self.policies: dict[str, Any] = {}
+    self._evaluated: dict[str, tuple[CompiledCosts, RematReport]] = {}
+
+  def say(self, done, total, label) -> None:
+    if self.progress is not None:
+      self.progress(done, total, label)
+
+  def report(self, policy) -> RematReport:
+    return analyze(self.f, *self.args, policy=policy, **self.options)
+
+  def evaluate(self, label, policy) -> tuple[CompiledCosts, RematReport]:
+    if label not in self._evaluated:
+      self.policies[label] = policy
+      costs = compile_costs(self.f, *self.args, policy=policy, **self.options)
+      self._evaluated[label] = costs, self.report(policy)
+    return self._evaluated[label]
+
+  def best(self, budget, evaluated) -> SearchResult:
+    candidates = tuple(
+        Candidate(label, c.peak_bytes, _executed(c, r),
+                  fits=not c.failed and c.peak_bytes <= budget)
+        for label, (c, r) in evaluated.items())
+    fitting = [c for c in candidates if c.fits]
+    # Fewest FLOPs, then the lowest peak: nothing that fits is better on
+    # both, and nothing that does not fit has a lower peak. On a tie the
+    # program as it is wins: nothing to change.
+    pool = fitting or [min(candidates, key=lambda c: c.peak_bytes or float('inf'))]
+    chosen = min(pool, key=lambda c: (c.flops, c.peak_bytes, c.label not in _OWN_LABELS))
+    costs, report = evaluated[chosen.label]
+    policy = self.policies[chosen.label]
+    return SearchResult(
+        policy=policy, label=chosen.label[:80], budget_bytes=budget,
+        peak_bytes=costs.peak_bytes, flops=chosen.flops, fits=bool(fitting),
+        explanation=_explain(chosen, policy, budget, candidates, bool(fitting)),
+        compiles_used=compiles_run() - self.compiles_before,
+        candidates=candidates, costs=costs, report=report)
+
+
+def _executed(costs: CompiledCosts, report: RematReport) -> float:
+  """What the search ranks by: the compiled program's executed FLOPs; the
+  jaxpr's count only where there is no compiled one (a failed compile)."""
+  return costs.executed_flops if costs.executed_flops is not None else report.total_flops
+
+
+def _explain(chosen: Candidate, policy, budget, candidates, fits) -> str:
+  if not fits:
+    return (f'Nothing fits {format_bytes(budget)}: the smallest compiled peak, '
+            f'{chosen.label}\'s, is {format_bytes(chosen.peak_bytes)}. Raise the '
+            'budget, or make the step smaller (batch, sequence, sharding).')
+  if chosen.label in _OWN_LABELS:
+    program = ('The program as written' if chosen.label != NO_REMAT_LABEL
+               else 'The program without remat')
+    return (f'{program} fits: compiled peak {format_bytes(chosen.peak_bytes)} within '
+            f'the {format_bytes(budget)} budget, with the fewest FLOPs of every '
+            f'policy compiled ({format_flops(chosen.flops)}); no policy to change.')
+  what = (policy.summary(200) if isinstance(policy, SaveChosen)
+          else f'the built-in {chosen.label}')
+  nothing = next((c for c in candidates if c.label == 'nothing_saveable'), None)
+  fewer = ''
+  if nothing is not None and nothing.flops > chosen.flops:
+    fewer = f', {1 - chosen.flops / nothing.flops:.0%} fewer than nothing_saveable'
+  return (f'Saves {what}: compiled peak {format_bytes(chosen.peak_bytes)} within '
+          f'the {format_bytes(budget)} budget, {format_flops(chosen.flops)}{fewer}.')
+
+
+def _greedy_choice(run: _Runner, names, budget, builtins):
+  """Saveable units, best FLOPs saved per byte first, while the peak fits.
+  Returns the verified choice, if any, as {label: (costs, report)}."""
+  base_costs, base_report = builtins['nothing_saveable']
+  if base_costs.failed:
+    return {}
+  run.say(0, None, 'pricing what to save')
+  units = ([('name', n) for n in names] + [('role', r) for r in ROLES]
+           + [('pattern', p) for p in _costliest_recomputed(base_report)])
+  priced = []
+  for unit in units:
+    report = run.report(_policy_of([unit]))
+    saved_flops = base_report.total_flops - report.total_flops
+    added_bytes = report.residual_bytes_per_device - base_report.residual_bytes_per_device
+    if saved_flops > 0:
+      priced.append((saved_flops / max(added_bytes, 1), unit))
+  priced.sort(key=lambda p: -p[0])
+
+  # Add units best-first while the predicted peak fits. The prediction is
+  # calibrated on the compiled built-ins (XLA does not turn residual bytes
+  # into peak bytes one for one); the final choice is verified by compiling
+  # it, dropping the last unit added until it fits.
+  predict = _peak_model(builtins)
+  chosen = []
+  for _, unit in priced:
+    trial = _policy_of([*chosen, unit])
+    if predict(run.report(trial).residual_bytes_per_device) <= budget:
+      chosen.append(unit)
+  chosen = _without_redundant(run, chosen)
+  while chosen:
+    policy = _policy_of(chosen, sites=_sites(base_report, chosen))
+    label = repr(policy)
+    run.say(0, None, f'verifying {label}')
+    costs, report = run.evaluate(label, policy)
+    if not costs.failed and costs.peak_bytes <= budget:
+      return {label: (costs, report)}
+    chosen.pop()
+  return {}
+
+
+def _without_redundant(run: _Runner, chosen: list) -> list:
+  """`chosen` without the units that change nothing the others do not
+  already save (a pattern of dots once their role is chosen, ...): fewer,
+  clearer handles in the policy and its source."""
+  def effect(units):
+    report = run.report(_policy_of(units))
+    return report.total_flops, report.residual_bytes_per_device
+  full = effect(chosen)
+  kept = list(chosen)
+  for unit in reversed(chosen):
+    trial = [u for u in kept if u != unit]
+    if trial and effect(trial) == full:
+      kept = trial
+  return kept
+
+
+def _peak_model(builtins) -> Callable[[int], float]:
+  """Compiled peak as a function of residual bytes: a least-squares line
+  through the built-in policies' points, slope between 0 and 1."""
+  points = [(r.residual_bytes_per_device, c.peak_bytes) for c, r in builtins.values()
+            if not c.failed]
+  xs, ys = np.array([p[0] for p in points], float), np.array([p[1] for p in points], float)
+  slope = 1.0
+  if len(points) > 1 and xs.var() > 0:
+    slope = float(np.clip(np.cov(xs, ys, bias=True)[0, 1] / xs.var(), 0.0, 1.0))
+  intercept = float(np.mean(ys - slope * xs))
+  return lambda residual_bytes: intercept + slope * residual_bytes
+
+
+def _recomputed_patterns(report: RematReport):
+  """(pattern, recomputed equation, block) for each equation the blocks
+  recompute that a pattern can name (not those inside a call of the
+  staged half, reached through their name or role only)."""
+  for block in report.blocks:
+    if not block.differentiated or block.staged_jaxpr is None:
+      continue
+    for e in block.recomputed:
+      if e.index is None or e.flops <= 0:
+        continue
+      pattern = EquationPattern.of_equation(block.staged_jaxpr.eqns[e.index])
+      if pattern is not None:
+        yield pattern, e, block
+
+
+def _costliest_recomputed(report: RematReport) -> list[EquationPattern]:
+  """The patterns of recomputed equations by the FLOPs their recompute
+  costs in all (trip counts applied), costliest first, at most
+  ``MAX_PATTERN_UNITS``."""
+  flops: dict[EquationPattern, int] = {}
+  for pattern, e, block in _recomputed_patterns(report):
+    flops[pattern] = flops.get(pattern, 0) + e.flops * (block.trip_count or 1)
+  return sorted(flops, key=lambda p: (-flops[p], p))[:MAX_PATTERN_UNITS]
+
+
+def _sites(report: RematReport, units) -> tuple[str, ...]:
+  """The lines of the user's code the chosen patterns cover."""
+  patterns = {v for kind, v in units if kind == 'pattern'}
+  found = []
+  for pattern, e, _ in _recomputed_patterns(report):
+    if pattern in patterns:
+      where = ' · '.join(x for x in (e.source, e.module_path) if x)
+      if where and where not in found:
+        found.append(where)
+  return tuple(found)
+
+
+def _policy_of(units, sites=()) -> SaveChosen:
+  return SaveChosen(
+      names=frozenset(v for kind, v in units if kind == 'name'),
+      roles=frozenset(v for kind, v in units if kind == 'role'),
+      patterns=frozenset(v for kind, v in units if kind == 'pattern'),
+      sites=tuple(sites))
+

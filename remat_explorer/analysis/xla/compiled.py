@@ -1,0 +1,530 @@
+"""``compile_costs``: what XLA makes of a gradient under a policy, measured.
+
+The training step (``value_and_grad`` for a scalar output, a VJP with a
+ones cotangent otherwise, returning the outputs too) is lowered and
+compiled with JAX's AOT API on the default device,
+or, for a sharded program, on the devices its arguments and shardings name;
+every number here comes from the compiled executable (``memory_analysis``,
+``cost_analysis``, its HLO text) or from running it. Nothing is estimated.
+
+A sharded program is compiled as the SPMD partitioner splits it: the
+executable is the program one device runs, so its memory and FLOP figures
+are per device, and its HLO holds the collectives (``collectives.py``).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import functools
+import numbers as numbers_module
+import re
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import jax
+import numpy as np
+
+from remat_explorer.analysis.xla.collectives import Collective, collectives_in
+from remat_explorer.analysis.xla.collectives import count as count_collectives
+from remat_explorer.analysis.cache import ResultCache
+from remat_explorer.analysis.context import note_compile
+from remat_explorer.analysis.program.keywords import check_keywords, entry_point
+from remat_explorer.analysis.program.problem import Problem, check_positions
+from remat_explorer.analysis.program.blocks import PolicyChoice, built_policy_choice, policy_label
+from remat_explorer.analysis.program.devices import compiled_placement, find_placement
+from remat_explorer.analysis.xla.executed_flops import executed_flops
+from remat_explorer.analysis.xla.hlo import parse_hlo
+from remat_explorer.analysis.xla.timeline import MemoryTimeline, memory_timeline
+
+
+@dataclass(frozen=True)
+class CompiledCosts:
+  """XLA's own figures for one compiled training step (outputs and
+  gradients). Sizes in bytes.
+
+  For a program partitioned over several devices, every memory figure and
+  ``xla_flops`` are per device: XLA's ``memory_analysis`` and
+  ``cost_analysis`` describe the partitioned executable, which is what each
+  device runs. ``num_devices`` and ``mesh_shape`` say over what.
+  """
+  function: str
+  policy: str
+  lowering: str
+  platform: str
+  device_kind: str
+  failed: bool = False
+  error: str | None = None
+  """XLA's message when the compile failed."""
+  argument_bytes: int | None = None
+  output_bytes: int | None = None
+  alias_bytes: int | None = None
+  temp_bytes: int | None = None
+  generated_code_bytes: int | None = None
+  peak_memory_bytes: int | None = None
+  """``memory_analysis().peak_memory_in_bytes``. On the CPU it counts only
+  arguments and outputs; on GPUs temporaries too."""
+  host_argument_bytes: int | None = None
+  host_output_bytes: int | None = None
+  host_alias_bytes: int | None = None
+  host_temp_bytes: int | None = None
+  host_generated_code_bytes: int | None = None
+  memory_analysis: dict[str, int] = field(default_factory=dict, repr=False,
+                                         compare=False)
+  """Every number ``memory_analysis()`` returns, by its own name (the fields
+  above among them, and any a later XLA adds)."""
+  buffer_assignment_proto: bytes | None = field(default=None, repr=False,
+                                                compare=False)
+  """``memory_analysis().serialized_buffer_assignment_proto``: XLA's buffer
+  assignment, serialized (base64 in ``to_dict``)."""
+  xla_flops: float | None = None
+  """``cost_analysis()['flops']`` of the partitioned module: one device's
+  FLOPs. XLA counts a while-loop body once."""
+  executed_flops: float | None = None
+  """The FLOPs the compiled program executes on one device: XLA's count of
+  each computation, each loop's body once per trip (``executed_flops.py``).
+  Equal to ``xla_flops`` for a program without loops. A conditional counts
+  at its costliest branch, as XLA counts it, unless the engine knows which
+  branch runs (a recompute's guard; the binomial loop's turns). What the
+  Pareto front, the recommendation and the search rank by."""
+  executed_flops_low: float | None = None
+  """The same with every conditional at its cheapest branch: the program
+  executes between this and ``executed_flops`` (equal without conditionals
+  whose branches differ)."""
+  loops_of_unknown_trip_count: int = 0
+  """Loops XLA could not count trips of: in ``executed_flops`` once each."""
+  bytes_accessed: float | None = None
+  transcendentals: float | None = None
+  cost_analysis: dict[str, float] = field(default_factory=dict, repr=False,
+                                          compare=False)
+  """Everything ``cost_analysis()`` returns, by XLA's keys: besides the
+  three above, e.g. ``'bytes accessed0{}'`` (bytes read from operand 0),
+  ``'bytes accessedout{}'``, ``'utilization0{}'``, ``'optimal_seconds'``,
+  as the backend reports them."""
+  analysis_compile: bool = False
+  """True when the figures come from an analysis compile (XLA's HLO passes,
+  buffer assignment and schedule as usual, backend code generation at its
+  lowest optimization level; see ``analysis_compiler_options``): every
+  figure equals a full compile's, in less time. Run times always come from a
+  full compile."""
+  lower_seconds: float | None = None
+  compile_seconds: float | None = None
+  run_seconds: float | None = None
+  """Median over `repeats` runs after a warm-up; None when not run."""
+  measured_peak_bytes: int | None = None
+  """The device's ``memory_stats()['peak_bytes_in_use']`` after running,
+  where the device reports it (GPUs; not the CPU) and these runs set it:
+  JAX cannot reset a device's peak, so after a program that held more it
+  is None (``notes`` says so)."""
+  lowered_matmuls: int | None = None
+  """dot/convolution ops in the lowered (StableHLO) program, loop bodies once."""
+  compiled_matmuls: int | None = None
+  """The same in the optimized HLO: fewer means XLA merged some away."""
+  timeline: MemoryTimeline | None = field(default=None, repr=False)
+  notes: tuple[str, ...] = ()
+  num_devices: int = 1
+  """Devices the executable is partitioned over."""
+  mesh_shape: tuple[tuple[str, int], ...] | None = None
+  """The mesh's axes and sizes, e.g. ``(('data', 2), ('model', 4))``."""
+  collectives: tuple[Collective, ...] = ()
+  """Collectives in the compiled step by kind and pass (``forward``,
+  ``backward``, ``recompute``: re-run by remat), loop trip counts applied;
+  see ``collectives.py`` for how they are attributed."""
+
+  @property
+  def collective_count(self) -> int:
+    """Collective executions per step, all passes."""
+    return count_collectives(self.collectives)
+
+  @property
+  def recompute_collective_count(self) -> int:
+    """Collective executions the recompute adds to the backward pass."""
+    return count_collectives(self.collectives, phase='recompute')
+
+  @property
+  def total_bytes(self) -> int | None:
+    """Arguments + outputs + temporaries - aliased: the live footprint XLA
+    accounts for on the device."""
+    if self.failed:
+      return None
+    return (self.argument_bytes + self.output_bytes + self.temp_bytes
+            - self.alias_bytes)
+
+  @property
+  def peak_bytes(self) -> int | None:
+    """The best peak figure available: XLA's peak where it covers
+    temporaries, otherwise the timeline's peak along the schedule, otherwise
+    the total footprint."""
+    if self.failed:
+      return None
+    if self.platform != 'cpu' and self.peak_memory_bytes:
+      return self.peak_memory_bytes
+    if self.timeline is not None:
+      return self.timeline.peak_bytes
+    return self.total_bytes
+
+  def to_dict(self) -> dict:
+    from remat_explorer.analysis.split.report import plain_data
+    out = plain_data(dataclasses.replace(self, buffer_assignment_proto=None))
+    if self.buffer_assignment_proto is not None:
+      out['buffer_assignment_proto'] = base64.b64encode(
+          self.buffer_assignment_proto).decode('ascii')
+    out['timeline'] = None if self.timeline is None else self.timeline.to_dict()
+    out['total_bytes'] = self.total_bytes
+    out['peak_bytes'] = self.peak_bytes
+    return out
+
+
+_cache = ResultCache(max_entries=32)
+
+# What an analysis compile changes, by platform. On the CPU, the backend's
+# optimization level only affects the machine code LLVM makes from the
+# optimized HLO: the HLO, its schedule, the buffer assignment and so every
+# figure read here are those of a full compile (checked field by field in
+# tests/test_analysis_compile.py), in about two thirds of the time. Other
+# platforms compile as usual until the same check has been made there.
+_ANALYSIS_OPTIONS = {'cpu': {'xla_backend_optimization_level': 0}}
+
+
+def analysis_compiler_options(platform: str) -> dict | None:
+  """Compiler options for a compile whose figures are read but which is
+  not run, on `platform`; None where a full compile is made."""
+  options = _ANALYSIS_OPTIONS.get(platform)
+  return None if options is None else dict(options)
+"""(costs, executable) by problem and setting: the executable is kept to time
+its runs when asked, without compiling again."""
+
+
+@entry_point
+def compile_costs(f, *args, policy: PolicyChoice = None, lowering: str | None = None,
+                  argnums: int | tuple[int, ...] = 0, has_aux: bool = False,
+                  whole_function: bool = False, donate_argnums=(),
+                  repeats: int = 0, compiler_options: dict | None = None,
+                  **kwargs) -> CompiledCosts:
+  """Compile `f`'s training step at `args`, its outputs and their gradient
+  (``gradient_function``), and report XLA's figures.
+
+  `policy`, `lowering`, `argnums`, `has_aux` and `whole_function` mean what
+  they mean for ``analyze`` (``NO_REMAT`` as the policy gives the
+  no-remat baseline; a function without a remat block is compiled as
+  written unless a policy is given).
+  `donate_argnums`: positional arguments (negative ones count from the
+  end) whose every leaf is donated to ``jax.jit``, so donated buffers show
+  as aliased memory; a position out of range is a ``ValueError``.
+  With `repeats` > 0 the step is also run: the median time of `repeats`
+  runs after a warm-up, and the device's measured peak where it reports one.
+  A compile that XLA refuses (out of memory, ...) gives a ``CompiledCosts``
+  with ``failed=True`` and XLA's message. A sharded program (see
+  ``analyze``) is compiled partitioned: the figures are per device, with
+  the collectives of its HLO. Results are cached like ``analyze``'s.
+  """
+  check_keywords(compile_costs, f, kwargs, policy=policy, lowering=lowering,
+                 argnums=argnums, has_aux=has_aux, whole_function=whole_function,
+                 donate_argnums=donate_argnums, repeats=repeats,
+                 compiler_options=compiler_options)
+  policy = built_policy_choice(policy)
+  problem = Problem.make(f, args, kwargs, argnums, has_aux=has_aux,
+                         whole_function=whole_function, caller='compile_costs')
+  donate = check_positions(donate_argnums, len(args), 'donate_argnums',
+                           allow_empty=True)
+  if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 0:
+    raise ValueError(f'repeats must be an int >= 0 (runs to time), got {repeats!r}.')
+  # No options (an analysis compile) differs from empty ones (a full one).
+  options_key = (None if compiler_options is None
+                 else tuple(sorted(compiler_options.items())))
+  key = problem.cache_key(policy, lowering, donate, options_key)
+  entry = _cache.get(key)
+  if entry is None:
+    program, blocks, notes = problem.program_with_blocks(policy, lowering)
+    run_program = problem.program_function(program, blocks)
+    entry = compile_step(
+        gradient_function(run_program, problem), problem.leaves,
+        function=problem.name, policy=policy_label(policy, blocks),
+        lowering=lowering or ', '.join(sorted({b.lowering for b in blocks})),
+        donate_argnums=problem.traced_positions(donate),
+        compiler_options=compiler_options, for_running=repeats > 0,
+        placement=find_placement(problem.leaves, program), notes=notes)
+    _cache.put(key, entry)
+  costs, runnable = entry
+  if not repeats or costs.failed:
+    return costs
+  # Timed once per number of runs, with the executable compiled above (in
+  # full, on first use, where the figures came from an analysis compile).
+  timed_key = None if key is None else (key, repeats)
+  timed = _timed.get(timed_key)
+  if timed is None:
+    timed = with_run_times(costs, runnable(), problem.leaves, repeats,
+                           problem.traced_positions(donate))
+    _timed.put(timed_key, timed)
+  return timed
+
+
+_timed = ResultCache(max_entries=64)
+
+
+def gradient_function(run_program, problem):
+  """The function compiled: ``jax.value_and_grad`` when the function returns
+  one float scalar (the loss and its gradient, as a training step computes
+  them; ``has_aux`` as for ``value_and_grad``), else the VJP with a ones
+  cotangent, returning the outputs and the gradients.
+
+  The outputs are returned in both cases because a training step uses them:
+  with ``grad`` alone, XLA removes forward work that only feeds the loss
+  value, and with it, for a checkpointed last block, the forward copy of
+  what the backward pass recomputes, which hides that block's remat cost.
+  """
+  def split(leaves):
+    diff = [x for x, d in zip(leaves, problem.diff_mask) if d]
+    other = [x for x, d in zip(leaves, problem.diff_mask) if not d]
+
+    def primal(*d):
+      outs = run_program(*problem.merge(d, other))
+      return outs[:problem.num_outputs], outs[problem.num_outputs:]
+    return diff, primal
+
+  outs = jax.eval_shape(run_program, *problem.leaves)[:problem.num_outputs]
+  if len(outs) == 1 and outs[0].shape == () and _differentiable(outs[0]):
+    def value_and_grad_step(*leaves):
+      diff, primal = split(leaves)
+      def loss_and_aux(*d):
+        loss, aux = primal(*d)
+        return loss[0], aux
+      return jax.value_and_grad(loss_and_aux, argnums=tuple(range(len(diff))),
+                                has_aux=True)(*diff)
+    return value_and_grad_step
+
+  def vjp_step(*leaves):
+    diff, primal = split(leaves)
+    outs, vjp_fn, aux = jax.vjp(primal, *diff, has_aux=True)
+    cotangents = [jax.numpy.ones_like(o) if _differentiable(o) else
+                  np.zeros(o.shape, jax.dtypes.float0) for o in outs]
+    return outs, aux, vjp_fn(cotangents)
+  return vjp_step
+
+
+def _differentiable(x) -> bool:
+  return jax.numpy.issubdtype(x.dtype, jax.numpy.inexact)
+
+
+def measure(step, leaves, *, function, policy, lowering, donate_argnums=(),
+            repeats=0, compiler_options=None, placement=None,
+            notes=()) -> CompiledCosts:
+  """Compile `step` at `leaves` and read XLA's figures; with `repeats`,
+  also time its runs."""
+  costs, runnable = compile_step(
+      step, leaves, function=function, policy=policy, lowering=lowering,
+      donate_argnums=donate_argnums, compiler_options=compiler_options,
+      placement=placement, notes=notes, for_running=repeats > 0)
+  if repeats and not costs.failed:
+    costs = with_run_times(costs, runnable(), leaves, repeats, donate_argnums)
+  return costs
+
+
+def compile_step(step, leaves, *, function, policy, lowering, donate_argnums=(),
+                 compiler_options=None, placement=None, notes=(),
+                 for_running=False):
+  """(CompiledCosts, `runnable`): ``runnable()`` gives an executable to run
+  (None if XLA refused the program). Unless `for_running` or the caller
+  gives its own `compiler_options`, the figures come from an analysis
+  compile, and ``runnable()`` compiles in full on its first call."""
+  device = jax.devices()[0]
+  common = dict(function=function, policy=policy, lowering=lowering,
+                platform=device.platform, device_kind=device.device_kind)
+  options = compiler_options
+  if options is None and not for_running:
+    options = analysis_compiler_options(device.platform)
+  analysis = compiler_options is None and options is not None
+  start = time.perf_counter()
+  lowered = jax.jit(step, donate_argnums=donate_argnums).lower(*leaves)
+  lower_seconds = time.perf_counter() - start
+  start = time.perf_counter()
+  note_compile()
+  try:
+    compiled = lowered.compile(options)
+  except Exception as e:  # XLA's errors (out of memory, bad options, ...)
+    if not _is_xla_error(e):
+      raise
+    return CompiledCosts(**common, failed=True, error=f'{type(e).__name__}: {e}',
+                         lower_seconds=lower_seconds,
+                         notes=tuple(notes)), lambda: None
+  compile_seconds = time.perf_counter() - start
+  memory = compiled.memory_analysis()
+  memory_numbers, buffer_assignment = _memory_analysis_fields(memory)
+  cost = _cost_analysis(compiled)
+  hlo = compiled.as_text()
+  notes = list(notes)
+  devices = compiled_placement(compiled, placement)
+  try:  # the timeline and the collectives are readings of XLA's text format
+    module = parse_hlo(hlo)
+    timeline = memory_timeline(compiled, module, memory)
+  except Exception as e:
+    module, timeline = None, None
+    notes.append(f'memory timeline unavailable: {type(e).__name__}: {e}')
+  executed = None
+  if module is not None:
+    try:
+      executed = executed_flops(hlo, device, module)
+    except Exception as e:  # a text XLA's parser refuses: say so, keep the rest
+      notes.append(f'executed FLOPs unavailable: {type(e).__name__}: {e}')
+  if executed is not None and executed.unknown_trip_counts:
+    notes.append(f'{executed.unknown_trip_counts} loop(s) of unknown trip count '
+                 'are counted once in the executed FLOPs')
+  # A program on one device communicates with no other.
+  collectives = _collectives(module, notes) if devices.num_devices > 1 else ()
+  costs = CompiledCosts(
+      **common,
+      argument_bytes=memory.argument_size_in_bytes,
+      output_bytes=memory.output_size_in_bytes,
+      alias_bytes=memory.alias_size_in_bytes,
+      temp_bytes=memory.temp_size_in_bytes,
+      generated_code_bytes=memory.generated_code_size_in_bytes,
+      peak_memory_bytes=getattr(memory, 'peak_memory_in_bytes', None),
+      host_argument_bytes=memory.host_argument_size_in_bytes,
+      host_output_bytes=memory.host_output_size_in_bytes,
+      host_alias_bytes=memory.host_alias_size_in_bytes,
+      host_temp_bytes=memory.host_temp_size_in_bytes,
+      host_generated_code_bytes=getattr(
+          memory, 'host_generated_code_size_in_bytes', None),
+      memory_analysis=memory_numbers, buffer_assignment_proto=buffer_assignment,
+      xla_flops=cost.get('flops'),
+      executed_flops=executed.flops if executed else None,
+      executed_flops_low=executed.low if executed else None,
+      loops_of_unknown_trip_count=executed.unknown_trip_counts if executed else 0,
+      bytes_accessed=cost.get('bytes accessed'),
+      transcendentals=cost.get('transcendentals'), cost_analysis=cost,
+      analysis_compile=analysis,
+      lower_seconds=lower_seconds, compile_seconds=compile_seconds,
+      lowered_matmuls=count_matmuls_lowered(lowered.as_text()),
+      compiled_matmuls=count_matmuls_compiled(hlo),
+      timeline=timeline, notes=tuple(notes), num_devices=devices.num_devices,
+      mesh_shape=devices.mesh_shape, collectives=collectives)
+  if not analysis:
+    return costs, lambda: compiled
+
+  @functools.cache
+  def runnable():
+    note_compile()
+    return lowered.compile()
+  return costs, runnable
+
+
+def with_run_times(costs: CompiledCosts, compiled, leaves, repeats: int,
+                   donate_argnums=()) -> CompiledCosts:
+  """`costs` with the median time of `repeats` runs of `compiled` (after
+  a warm-up) and the device's measured peak where it reports one."""
+  notes = list(costs.notes)
+  run_seconds, measured_peak = _run(compiled, leaves, repeats, donate_argnums, notes)
+  return dataclasses.replace(costs, run_seconds=run_seconds,
+                             measured_peak_bytes=measured_peak, notes=tuple(notes))
+
+
+def _memory_analysis_fields(memory) -> tuple[dict[str, int], bytes | None]:
+  """Every number of XLA's ``CompiledMemoryStats`` by name, read from the
+  object itself so that fields a later XLA adds are kept too; and the
+  serialized buffer assignment."""
+  numbers, proto = {}, None
+  for name in dir(memory):
+    if name.startswith('_'):
+      continue
+    value = getattr(memory, name)
+    if isinstance(value, bytes):
+      proto = value if name == 'serialized_buffer_assignment_proto' else proto
+    elif isinstance(value, numbers_module.Number) and not isinstance(value, bool):
+      numbers[name] = int(value)
+  return numbers, proto
+
+
+def _cost_analysis(compiled) -> dict[str, float]:
+  """``cost_analysis()`` as a plain dict (one per program in older JAX
+  versions, whose first is this one), values as Python floats."""
+  cost = compiled.cost_analysis() or {}
+  cost = (cost[0] if cost else {}) if isinstance(cost, list) else cost
+  return {str(k): float(v) for k, v in cost.items()}
+
+
+def _collectives(module, notes: list[str]) -> tuple[Collective, ...]:
+  if module is None:
+    return ()
+  try:
+    summary = collectives_in(module)
+  except Exception as e:  # a reading of XLA's text format, like the timeline
+    notes.append(f'collectives unavailable: {type(e).__name__}: {e}')
+    return ()
+  if summary.unknown_trip_count:
+    notes.append('some collectives sit in a loop of unknown trip count and '
+                 'are counted once per loop')
+  return summary.collectives
+
+
+def _is_xla_error(e: Exception) -> bool:
+  return (isinstance(e, getattr(jax.errors, 'JaxRuntimeError', ()))
+          or type(e).__name__ in ('XlaRuntimeError', 'JaxRuntimeError'))
+
+
+def _run(compiled, leaves, repeats, donate_argnums, notes):
+  if repeats <= 0:
+    return None, None
+  if any(isinstance(x, jax.ShapeDtypeStruct) for x in leaves):
+    notes.append('not run: the arguments are shapes only (ShapeDtypeStruct)')
+    return None, None
+  if donate_argnums:
+    notes.append('run with fresh copies of donated arguments each time')
+
+  def fresh():
+    return [jax.numpy.array(x, copy=True) if i in donate_argnums else x
+            for i, x in enumerate(leaves)]
+
+  device = jax.devices()[0]
+  peak_before = device_peak_bytes(device)
+  jax.block_until_ready(compiled(*fresh()))  # warm-up
+  times = []
+  for _ in range(repeats):
+    args = fresh()
+    start = time.perf_counter()
+    jax.block_until_ready(compiled(*args))
+    times.append(time.perf_counter() - start)
+  return statistics.median(times), _own_peak(peak_before, device_peak_bytes(device), notes)
+
+
+def device_peak_bytes(device) -> int | None:
+  """The most bytes `device` has held at once since the process began, where
+  it reports it (GPUs, TPUs; the CPU reports no memory statistics)."""
+  stats = device.memory_stats()
+  return None if not stats else stats.get('peak_bytes_in_use')
+
+
+def _own_peak(before: int | None, after: int | None, notes: list) -> int | None:
+  """The runs' own peak. JAX cannot reset the device's peak, which is the
+  process's: it is the runs' only when they raised it. Otherwise an
+  earlier program held more, and the runs' own peak is unknown (None)."""
+  if before is None or after is None:
+    return None
+  if after > before:
+    return after
+  notes.append(f'measured peak unknown: the device held more ({before} bytes) before '
+               'these runs, and its peak cannot be reset')
+  return None
+
+
+# Matmul-like ops: StableHLO's ops, and in optimized HLO the instructions or
+# the library calls (cuBLAS/cuDNN) and Triton GEMM fusions that implement them.
+# The lowered pattern starts with its literal, which `re` finds fast; the word
+# boundary before it is checked on each hit (a \b in front would make `re`
+# try every position). In the compiled one, possessive quantifiers (never
+# worth giving back there: what follows each run cannot match inside it)
+# spare `re` backtracking through every long run after an '='.
+_LOWERED_MATMUL = re.compile(r'stablehlo\.(dot_general|dot|convolution)\b')
+_WORD_CHAR = re.compile(r'\w')
+_COMPILED_MATMUL = re.compile(
+    r'=\s*+\S++\s++(dot|convolution)\(|custom_call_target="__(cublas|cudnn)[^"]*"'
+    r'|"__triton_gemm"')
+
+
+def count_matmuls_lowered(stablehlo_text: str) -> int:
+  return sum(1 for m in _LOWERED_MATMUL.finditer(stablehlo_text)
+             if not (m.start() and _WORD_CHAR.match(stablehlo_text, m.start() - 1)))
+
+
+def count_matmuls_compiled(hlo_text: str) -> int:
+  return len(_COMPILED_MATMUL.findall(hlo_text))

@@ -1,0 +1,182 @@
+"""The FLOPs a compiled program executes, each loop's body once per trip.
+
+XLA's ``cost_analysis()`` visits every computation of a module once, so a
+``while`` loop's body counts once however many times it runs: a 1,000-step
+``scan`` costs one step. The program's own text says how often each body
+runs (``known_trip_count`` in the loop's backend config), and XLA can still
+count each body by its own rules: made the entry of a module of its own,
+the body is what ``cost_analysis`` measures. So, for a computation ``C``
+that runs loops ``w`` (directly, or through calls and conditionals),
+
+    executed(C) = xla(C) + sum over w of (trips(w) * executed(body(w))
+                                          - xla(body(w)))
+
+(a loop's condition compares a counter: left out). A loop whose trip count
+XLA did not infer is counted once, as ``cost_analysis`` counts it, and said
+so. A conditional runs one branch, and which one the program decides as it
+runs: XLA counts its costliest branch, so where branches differ the count
+is a range, from every conditional at its cheapest branch (``low``) to every
+one at its costliest (``flops``, XLA's convention).
+
+The conditionals and loops that guard a recompute (``lowering="cond"`` and
+``"while"``) are opaque to XLA by design, yet always run the recompute
+once; the engine's scope in their ``op_name`` tells them apart, and they are
+counted as exactly that. Where the engine knows how often each branch of a
+conditional runs (the binomial loop's backward pass reverses a step on
+``n - 1`` of its turns), it says so in the conditional's scope, and each
+branch is counted by its share of the runs. Nothing is estimated:
+each term is XLA's own count of a computation of the optimized module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from remat_explorer import engine
+from remat_explorer.analysis.xla.hlo import HloModule, parse_hlo
+
+_TRIP_COUNT = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"(\d+)"')
+_HEADER = re.compile(r'^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*->.*\{\s*$')
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecutedFlops:
+  flops: float
+  """FLOPs the program executes on one device, loop trip counts applied,
+  each conditional at its costliest branch (as XLA counts one)."""
+  low: float
+  """The same with each conditional at its cheapest branch: the program
+  executes between ``low`` and ``flops``."""
+  loops: int
+  """``while`` loops in the program (each counted by its trips)."""
+  unknown_trip_counts: int
+  """Loops whose trip count XLA did not infer: counted once."""
+
+
+def executed_flops(hlo_text: str, device, module: HloModule | None = None
+                   ) -> ExecutedFlops | None:
+  """The FLOPs the optimized module `hlo_text` executes on `device`, or None
+  where this jaxlib cannot run XLA's cost analysis on a module's text."""
+  module = module or parse_hlo(hlo_text)
+  counter = _Counter(hlo_text, module, device)
+  if counter.xla(module.entry) is None:
+    return None
+  high, low = counter.executed(module.entry)
+  # Branch shares are fractions; their total over a loop's trips is whole.
+  return ExecutedFlops(float(round(high)), float(round(low)), counter.loops, counter.unknown)
+
+
+class _Counter:
+  def __init__(self, text: str, module: HloModule, device):
+    self.module, self.device = module, device
+    self.lines = text.splitlines()
+    self.headers = {m.group(2): i for i, line in enumerate(self.lines)
+                    if (m := _HEADER.match(line))}
+    self.counted: dict[str, float | None] = {}
+    self.runs: dict[str, tuple[float, float]] = {}
+    self.loops = self.unknown = 0
+
+  def xla(self, name: str) -> float | None:
+    """XLA's cost analysis of computation `name` as a module's entry."""
+    if name not in self.counted:
+      self.counted[name] = engine.hlo_text_flops(self._as_entry(name), self.device)
+    return self.counted[name]
+
+  def executed(self, name: str) -> tuple[float, float]:
+    """(costliest, cheapest) FLOPs one run of computation `name` executes."""
+    if name not in self.runs:
+      once = self.xla(name) or 0.0
+      high = low = once
+      for instruction in self.module.computations.get(name, []):
+        guard = _guards_recompute(instruction)
+        if instruction.opcode == 'while':
+          body = instruction.attr('body')
+          trips = _TRIP_COUNT.search(instruction.attrs)
+          if not guard:
+            self.loops += 1
+            self.unknown += trips is None
+          runs = int(trips.group(1)) if trips else 1
+          counted = self.xla(body) or 0.0  # in `once` already
+          body_high, body_low = self.executed(body)
+          high += runs * body_high - counted
+          low += runs * body_low - counted
+        elif instruction.opcode == 'conditional':
+          branches = instruction.branches()
+          counted = max((self.xla(b) or 0.0) for b in branches)  # XLA's choice
+          each = [self.executed(b) for b in branches]
+          shares = _branch_shares(instruction, len(branches))
+          if shares is not None:
+            high += sum(w * h for w, (h, _) in zip(shares, each)) - counted
+            low += sum(w * l for w, (_, l) in zip(shares, each)) - counted
+          else:
+            costliest = max(each)
+            # A guard always takes its recompute branch, the costliest (the
+            # other only fills placeholders).
+            cheapest = costliest if guard else min(each, key=lambda e: e[1])
+            high += costliest[0] - counted
+            low += cheapest[1] - counted
+        else:
+          for callee in instruction.called():
+            callee_high, callee_low = self.executed(callee)
+            counted = self.xla(callee) or 0.0
+            high += callee_high - counted
+            low += callee_low - counted
+      self.runs[name] = high, low
+    return self.runs[name]
+
+  def _as_entry(self, name: str) -> str:
+    """The module's text with `name` as its entry, keeping only what it
+    calls (fewer computations for XLA to parse)."""
+    keep = self._reachable(name)
+    out = [self.lines[0].split(',')[0]]  # `HloModule name`, no entry layout
+    current = None
+    for i, line in enumerate(self.lines[1:], 1):
+      if current is None:
+        m = _HEADER.match(line)
+        if m is None:
+          # Tables before the first computation (file names, stack frames).
+          if not self.headers or i < min(self.headers.values()):
+            out.append(line)
+          continue
+        current = m.group(2)
+        if current in keep:
+          header = line[len(m.group(1)):] if m.group(1) else line
+          out.append(('ENTRY ' + header) if current == name else header)
+      else:
+        if current in keep:
+          out.append(line)
+        if line.strip() == '}':
+          current = None
+    return '\n'.join(out) + '\n'
+
+  def _reachable(self, name: str) -> set[str]:
+    seen, todo = set(), [name]
+    while todo:
+      c = todo.pop()
+      if c in seen:
+        continue
+      seen.add(c)
+      for instruction in self.module.computations.get(c, []):
+        todo.extend(instruction.all_called())
+    return seen
+
+
+def _scope(instruction) -> str:
+  """The scope `instruction` stands directly in."""
+  path = instruction.op_name.split('/')
+  return path[-2] if len(path) >= 2 else ''
+
+
+def _guards_recompute(instruction) -> bool:
+  """Whether `instruction` is the conditional or loop the engine lowers a
+  recompute into."""
+  return _scope(instruction) == engine.RECOMPUTE_GUARD_SCOPE
+
+
+def _branch_shares(instruction, num_branches: int) -> list[float] | None:
+  """Each branch's share of a conditional's runs, where the engine said."""
+  runs = engine.branch_runs(_scope(instruction))
+  if runs is None or len(runs) != num_branches or sum(runs) == 0:
+    return None
+  return [k / sum(runs) for k in runs]

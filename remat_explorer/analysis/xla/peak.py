@@ -1,0 +1,306 @@
+"""What is alive at the peak, and why: every buffer live at a step of the
+compiled schedule (the peak by default), in the user's terms.
+
+The compiled program says itself where each buffer comes from
+(``hlo_provenance``): the Python stack JAX recorded for the instruction
+that computed its value (looking through the loop that stacks it), and,
+for an argument, the name JAX gave it. So:
+
+* a residual buffer is the residual whose producer's frames its stack ends
+  with (the longest such match wins; residuals made by the same lines, such
+  as the layers of a Python loop, are taken in the order the program makes
+  them). Sizes are never compared: two residuals of one size from two lines
+  are told apart by their lines.
+* a parameter is the argument at its pytree path (``params['blocks']['w1']``),
+  an output the gradient of one (or the function's own output).
+* a loop's temporaries (``while.4/temps``) are listed as what they hold at
+  the body's peak, each with its line and module path.
+* ``explain_peak`` adds the gap between the listed buffers and the compiled
+  peak, named: the bytes XLA's placement leaves unused between buffers.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from remat_explorer.analysis.cache import ResultCache
+from remat_explorer.analysis.xla.compiled import CompiledCosts
+from remat_explorer.analysis.source.origins import (clean_scope, is_library_file, site_of)
+from remat_explorer.analysis.split.report import RematReport, Residual
+from remat_explorer.analysis.xla.hlo import pass_of
+from remat_explorer.analysis.xla.timeline import Buffer
+from remat_explorer.analysis.units import format_bytes
+
+
+@dataclass(frozen=True)
+class PeakBuffer:
+  """A buffer live at a step of the compiled schedule, with what it is."""
+  buffer: str
+  bytes: int
+  kind: str
+  """'residual', 'parameter', 'output', 'temporary' (a loop body's
+  temporaries or output storage not yet written included)."""
+  made_by: str
+  """The pass whose instruction defined it: 'forward', 'backward',
+  'recompute', or '' where the HLO does not say."""
+  residual: Residual | None = None
+  """For a residual buffer: the residual the analysis found, when matched."""
+  matched_by: str = ''
+  """How the residual was matched: 'provenance' (its producer's stack, as
+  the compiled program records it), or 'unmatched'."""
+  source: str = ''
+  """The user's line: the residual's, else the innermost line of the
+  user's code in the stack the compiled program records."""
+  policy: str = ''
+  label: str = ''
+  """What it holds in the user's terms: an argument's pytree path
+  (``params['blocks']['w1']``), ``gradient of`` one, ``loop state`` of
+  a loop, ``scratch of`` a loop body; '' where nothing more is known."""
+  scope: str = ''
+  """The module path JAX's name stack gives the instruction that computed
+  it (for buffers that are not residuals)."""
+  parts: tuple['PeakBuffer', ...] = ()
+  """For a loop's temporaries (``/temps``): the buffers its body holds at
+  the busiest step of its schedule, largest first. Their bytes make XLA's
+  allocation for the loop's temporaries within a few percent: where XLA
+  writes an output over an input it reads last, the two count apart here."""
+
+  @property
+  def name(self) -> str | None:
+    return None if self.residual is None else self.residual.name
+
+  @property
+  def module_path(self) -> str:
+    return self.scope if self.residual is None else self.residual.module_path
+
+  @property
+  def recompute_flops_to_drop(self) -> int | None:
+    """At least this many FLOPs would be recomputed if it were not saved."""
+    return None if self.residual is None else self.residual.producer_flops
+
+  def holds(self, parts: int = 3) -> str:
+    """What it holds, in a line: the ``checkpoint_name`` or `label`, and
+    for a loop's temporaries its `parts` largest parts, each with its
+    module path or line."""
+    text = self.name or self.label
+    if self.parts:
+      shown = ', '.join(
+          f'{format_bytes(p.bytes)} {p.module_path or p.source or p.buffer}'
+          for p in self.parts[:parts])
+      more = len(self.parts) - parts
+      text += f': {shown}' + (f', … {more} more' if more > 0 else '')
+    return text
+
+
+PeakResidual = PeakBuffer
+"""A residual buffer live at the peak (``residuals_at_peak``)."""
+
+
+@dataclass(frozen=True)
+class PeakExplanation:
+  """The compiled peak, buffer by buffer, and what the buffers leave out."""
+  peak_bytes: int
+  """The timeline's peak: XLA's own allocation at the busiest step."""
+  step: int
+  buffers: tuple[PeakBuffer, ...]
+  """Every device buffer live at `step`, largest first."""
+  listed_bytes: int
+  gap_bytes: int
+  """``peak_bytes - listed_bytes``: what XLA's buffer assignment occupies
+  beyond the live buffers (space between buffers that its placement leaves
+  free at that step: fragmentation and alignment padding)."""
+  gap_reason: str
+
+
+def live_at_peak(report: RematReport, costs: CompiledCosts,
+                 step: int | None = None) -> list[PeakBuffer]:
+  """Every device buffer live at `step` (the timeline's peak by default),
+  largest first, residuals linked to the report's."""
+  _check_order(report, costs)
+  if costs.failed or costs.timeline is None:
+    return []
+  timeline = costs.timeline
+  step = timeline.peak_step if step is None else step
+  words = _Words(report, costs)
+  return [words.describe(b) for b in sorted(timeline.live_at(step), key=lambda b: -b.bytes)
+          if not b.memory_space]
+
+
+def residuals_at_peak(report: RematReport, costs: CompiledCosts) -> list[PeakBuffer]:
+  """The residual buffers live at the timeline's peak, largest first."""
+  return [b for b in live_at_peak(report, costs) if b.kind == 'residual']
+
+
+def explain_peak(report: RematReport, costs: CompiledCosts) -> PeakExplanation | None:
+  """The buffers live at the compiled peak and the named gap between their
+  sum and the peak; None without a timeline (a failed compile)."""
+  buffers = live_at_peak(report, costs)
+  if costs.failed or costs.timeline is None:
+    return None
+  timeline = costs.timeline
+  listed = sum(b.bytes for b in buffers)
+  gap = timeline.peak_bytes - listed
+  if timeline.placed_bytes is None:
+    reason = 'the peak is the live buffers\' (XLA\'s placement is not known)'
+  elif gap:
+    reason = ('space XLA\'s buffer assignment leaves free between the live buffers at '
+              'the peak (fragmentation, alignment padding)')
+  else:
+    reason = 'none: the live buffers fill XLA\'s allocation at the peak'
+  return PeakExplanation(timeline.peak_bytes, timeline.peak_step, tuple(buffers), listed,
+                         gap, reason)
+
+
+def _check_order(report, costs) -> None:
+  if not isinstance(report, RematReport) or not isinstance(costs, CompiledCosts):
+    raise TypeError(
+        'expected (report, costs): a RematReport from analyze() and the '
+        'CompiledCosts from compile_costs() of the same program and policy, '
+        f'got ({type(report).__name__}, {type(costs).__name__}).')
+  # Another policy's report has other residuals: buffers would be linked to
+  # residuals their program does not save.
+  said = lambda x: f'{x.function} under {x.policy or "its own policies"} ({x.lowering or "-"})'
+  if ((report.function, report.policy, report.lowering)
+      != (costs.function, costs.policy, costs.lowering)):
+    raise ValueError(
+        f'the report and the costs differ: the report is of {said(report)}, the costs of '
+        f'{said(costs)}; pass analyze() and compile_costs() of the same function, '
+        'policy and lowering.')
+
+
+# -- the user's terms ---------------------------------------------------------------------
+
+_ARGUMENT = re.compile(r'^\w+\[(\d+)\]$')
+"""JAX's name for an argument of the compiled step (``leaves[4]``)."""
+
+
+class _Words:
+  """Buffers of one compiled program described in its user's terms."""
+
+  def __init__(self, report: RematReport, costs: CompiledCosts):
+    self.report, self.policy = report, report.policy
+    self.timeline = costs.timeline
+    self.residual_of = _residuals_by_buffer(report, costs)
+    self.outputs = max((b.output_index for b in self.timeline.buffers
+                        if b.output_index is not None), default=-1) + 1
+
+  def describe(self, buffer: Buffer) -> PeakBuffer:
+    made_by = pass_of(buffer.op_name)
+    common = dict(buffer=buffer.name, bytes=buffer.bytes, policy=self.policy,
+                  scope=scope_of(buffer.computed_by))
+    if buffer.is_residual:
+      residual = self.residual_of.get(buffer.name)
+      source = residual.source if residual is not None and residual.source else ''
+      return PeakBuffer(kind='residual', made_by=made_by, residual=residual,
+                        matched_by='unmatched' if residual is None else 'provenance',
+                        source=source or user_line(buffer.frames), **common)
+    if buffer.is_parameter:  # an argument of the step, made by no pass
+      return PeakBuffer(kind='parameter', made_by='', label=self._argument(buffer.op_name),
+                        **common)
+    kind = 'output' if buffer.is_output else 'temporary'
+    loop = buffer.name.split('{')[0].removesuffix('/temps')
+    label = (self._output(buffer.output_index) if buffer.is_output else
+             f"temporaries of {loop}'s body" if buffer.name.endswith('/temps') else
+             f'loop state of {loop}' if buffer.opcode == 'while' else '')
+    parts = tuple(self._part(p, buffer.name) for p in buffer.parts)
+    return PeakBuffer(kind=kind, made_by=made_by, source=user_line(buffer.frames),
+                      label=label, parts=parts, **common)
+
+  def _part(self, buffer: Buffer, within: str) -> PeakBuffer:
+    loop = within.removesuffix('/temps')
+    label = (f'temporaries of a loop in {loop}' if buffer.name.endswith('/temps')
+             else f'scratch of {loop}')
+    return PeakBuffer(buffer=buffer.name, bytes=buffer.bytes, kind='temporary',
+                      made_by=pass_of(buffer.op_name), source=user_line(buffer.frames),
+                      policy=self.policy, label=label, scope=scope_of(buffer.computed_by),
+                      parts=tuple(self._part(p, buffer.name) for p in buffer.parts))
+
+  def _argument(self, op_name: str) -> str:
+    m = _ARGUMENT.match(op_name)
+    names = self.report.argument_names
+    if m and int(m.group(1)) < len(names) and names[int(m.group(1))]:
+      return names[int(m.group(1))]
+    return op_name
+
+  def _output(self, index: int | None) -> str:
+    """The step returns its outputs, then one gradient per differentiated
+    argument, in order."""
+    gradients = self.report.gradient_names
+    if index is None or not gradients:
+      return ''
+    k = index - (self.outputs - len(gradients))
+    return f'gradient of {gradients[k]}' if 0 <= k < len(gradients) else 'output'
+
+
+def user_line(frames) -> str:
+  """The innermost line of the user's code in a recorded stack."""
+  users = [f for f in frames if not is_library_file(f[0])]
+  return str(site_of(users[-1])) if users else ''
+
+
+# Name-stack parts that are JAX's constructs, not the model's modules.
+_CONSTRUCTS = frozenset({'while', 'body', 'cond', 'closed_call', 'checkpoint', 'remat',
+                         'scan', 'branch', 'core_call', 'custom_jvp_call',
+                         'custom_vjp_call'})
+
+
+def scope_of(op_name: str) -> str:
+  """The module path in an instruction's name stack: without the step's
+  own ``jit``, JAX's transformation wrappers and constructs, library
+  ``jit``s and the primitive (``jit(step)/jvp(Model)/while/body/blocks/
+  mlp/dot_general`` -> ``Model/blocks/mlp``)."""
+  parts = op_name.split(';')[0].split('/')[1:-1]
+  kept = [p for p in parts if not re.match(r'^p?jit\(', p)]
+  return '/'.join(p for p in clean_scope('/'.join(kept)).split('/')
+                  if p and p not in _CONSTRUCTS)
+
+
+# -- residuals by provenance ------------------------------------------------------------------
+
+# Keyed by identity, the objects kept in the entry so an id is not reused.
+_matches = ResultCache(max_entries=8)
+
+
+def _residuals_by_buffer(report: RematReport, costs: CompiledCosts) -> dict[str, Residual]:
+  """Buffer name -> the residual it holds, for every residual buffer of
+  the timeline (computed once per report and costs)."""
+  key = (id(report), id(costs))
+  cached = _matches.get(key)
+  if cached is not None and cached[0] is report and cached[1] is costs:
+    return cached[2]
+  found = match_residuals([b for b in costs.timeline.buffers
+                           if b.is_residual and not b.memory_space],
+                          [r for r in report.residuals if r.kind == 'equation'])
+  _matches.put(key, (report, costs, found))
+  return found
+
+
+def match_residuals(buffers, residuals) -> dict[str, Residual]:
+  """Each buffer's residual: the one whose computing equations' frames its
+  recorded stack ends with, the longest match first. Among equal matches a
+  buffer of the residual's size comes first (a loop's carry and the stack
+  of that loop's outputs are computed by the same line), then the same
+  primitive, then residuals in program order take buffers in schedule
+  order."""
+  pairs = []
+  for b in buffers:
+    users = tuple(f for f in b.frames if not is_library_file(f[0]))
+    if not users:
+      continue
+    primitive = b.computed_by.rsplit('/', 1)[-1]
+    for r in residuals:
+      score = max((len(p) for p in r.provenance if p and users[-len(p):] == p), default=0)
+      if score:
+        same_kind = r.primitive == primitive
+        pairs.append((-score, r.device_bytes != b.bytes, not same_kind, r.index, b.start,
+                      b.name, r))
+  pairs.sort(key=lambda p: p[:6])
+  taken_buffers, taken_residuals, found = set(), set(), {}
+  for *_, index, _, name, r in pairs:
+    if name in taken_buffers or index in taken_residuals:
+      continue
+    taken_buffers.add(name)
+    taken_residuals.add(index)
+    found[name] = r
+  return found

@@ -1,0 +1,234 @@
+"""Matplotlib charts of compiled costs: pure functions from analysis data to a
+``Figure``.
+
+Figures are built with ``matplotlib.figure.Figure`` directly, never through
+``pyplot``'s global state, so they can be drawn from the Explorer's
+background thread and never pile up in a notebook. Memory on every axis is
+in KiB/MiB/GiB and FLOPs in kFLOP/MFLOP/GFLOP, scaled to the data.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Mapping
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from remat_explorer.analysis.tradeoffs.compare import Comparison, PolicyRow
+from remat_explorer.analysis.xla.compiled import CompiledCosts
+from remat_explorer.analysis.split.report import RematReport
+from remat_explorer.analysis.program.devices import mesh_text
+from remat_explorer.viz.charts import _labels
+from remat_explorer.viz.charts._figures import (legend_below, legend_outside, literal_text,
+                                         new_figure, short_label, unit_name)
+from remat_explorer.viz.text import byte_unit, flop_unit, format_bytes, format_flops
+
+BREAKDOWN_PARTS = ('arguments', 'outputs', 'residuals at peak', 'other temporaries')
+BREAKDOWN_COLORS = ('#9ecae1', '#c6dbef', '#d62728', '#fdae6b')
+FRONT_COLOR = '#2ca02c'
+
+
+# -- memory by policy -------------------------------------------------------------
+
+def memory_breakdown(row: PolicyRow) -> dict[str, int]:
+  """A compiled row's device bytes split into `BREAKDOWN_PARTS`.
+
+  Arguments, outputs and temporaries are XLA's ``memory_analysis``; the
+  residual share of the temporaries is the residual buffers live at the
+  compiled schedule's peak (0 when no timeline could be derived).
+  """
+  return costs_breakdown(row.costs)
+
+
+def costs_breakdown(costs: CompiledCosts) -> dict[str, int]:
+  """`memory_breakdown` of one compiled program: per device when it is
+  partitioned, as XLA's figures are."""
+  timeline = costs.timeline
+  residuals = 0 if timeline is None else timeline.residual_bytes_at(timeline.peak_step)
+  temp = costs.temp_bytes or 0
+  residuals = min(residuals, temp)
+  return {'arguments': costs.argument_bytes or 0, 'outputs': costs.output_bytes or 0,
+          'residuals at peak': residuals, 'other temporaries': temp - residuals}
+
+
+@literal_text
+def plot_memory_breakdown(comparison: Comparison) -> Figure:
+  """One stacked bar per compiled policy: arguments, outputs, residual
+  buffers live at the peak and the other temporaries, as XLA compiled them."""
+  rows = [r for r in comparison.rows if not r.failed]
+  fig = new_figure(figsize=(8, 0.45 * len(rows) + 1.9))
+  ax = fig.add_subplot()
+  _, scale = _stacked_breakdown_bars(ax, [memory_breakdown(r) for r in rows])
+  ax.set_yticks(range(len(rows)), [short_label(r.label) for r in rows])
+  ax.invert_yaxis()
+  ax.set_xlabel(f'compiled device memory ({unit_name(format_bytes(scale))})')
+  legend_below(fig, ax)
+  ax.set_title(f'{comparison.function}: memory by policy on {comparison.device_kind}')
+  failed = [r.label for r in comparison.rows if r.failed]
+  if failed:
+    # Above the axes: the space below holds the legend.
+    fig.suptitle('failed to compile: ' + ', '.join(failed), fontsize='small',
+                 color='#b00020', x=0.01, ha='left')
+  return fig
+
+
+def _stacked_breakdown_bars(ax, parts: list[dict[str, int]]) -> tuple[np.ndarray, float]:
+  """One horizontal bar per breakdown, its `BREAKDOWN_PARTS` stacked; returns
+  the bars' ends (in the axis unit) and the byte scale of that unit."""
+  scale = byte_unit(max((sum(p.values()) for p in parts), default=1))
+  ends = np.zeros(len(parts))
+  for part, color in zip(BREAKDOWN_PARTS, BREAKDOWN_COLORS):
+    widths = np.array([p[part] for p in parts], dtype=float) / scale
+    ax.barh(range(len(parts)), widths, left=ends, color=color, label=part)
+    ends += widths
+  return ends, scale
+
+
+# -- memory per device ---------------------------------------------------------------
+
+def placement_text(costs: CompiledCosts) -> str:
+  """``'8 devices (data=2 × model=4)'``: what a program is partitioned over."""
+  mesh = mesh_text(costs.mesh_shape)
+  where = f'{costs.num_devices} device' + ('s' if costs.num_devices != 1 else '')
+  return where + (f' ({mesh})' if mesh else '')
+
+
+def per_device_label(label: str, costs: CompiledCosts) -> str:
+  """`label` with the devices and mesh its program is partitioned over."""
+  return f'{label} · {placement_text(costs)}'
+
+
+@literal_text
+def plot_per_device_memory(costs: Comparison | Mapping[str, CompiledCosts]) -> Figure:
+  """Compiled memory of one device, one stacked bar per program: arguments,
+  outputs, residual buffers live at the peak and the other temporaries.
+
+  `costs`: a ``Comparison`` (a bar per policy), or a mapping from a label to
+  ``compile_costs`` results, e.g. the same step on growing meshes. XLA's
+  memory analysis of a partitioned executable is what each device holds, so
+  the bars show how sharding splits the arguments, the residuals and the
+  temporaries.
+  """
+  if isinstance(costs, Comparison):
+    costs = {r.label: r.costs for r in costs.rows}
+  shown = {k: c for k, c in costs.items() if not c.failed}
+  fig = new_figure(figsize=(8, 0.45 * len(shown) + 1.9))
+  ax = fig.add_subplot()
+  left, scale = _stacked_breakdown_bars(ax, [costs_breakdown(c) for c in shown.values()])
+  for i, total in enumerate(left):
+    ax.annotate(format_bytes(total * scale), (total, i), xytext=(3, 0),
+                textcoords='offset points', va='center', fontsize=8)
+  ax.set_xlim(0, max(left, default=1) * 1.15 or 1)  # room for the totals
+  # Devices and mesh go on each bar where they differ, else in the title.
+  placements = {(c.num_devices, c.mesh_shape) for c in shown.values()}
+  labels = [per_device_label(k, c) if len(placements) > 1 else k for k, c in shown.items()]
+  ax.set_yticks(range(len(shown)), [short_label(t, 48) for t in labels])
+  ax.invert_yaxis()
+  ax.set_xlabel(f'compiled memory per device ({unit_name(format_bytes(scale))})')
+  legend_below(fig, ax)
+  functions = sorted({c.function for c in shown.values()})
+  kinds = sorted({c.device_kind for c in shown.values()})
+  where = (' · ' + placement_text(next(iter(shown.values())))
+           if len(placements) == 1 else '')
+  ax.set_title(f'{", ".join(functions)}: memory per device on {", ".join(kinds)}{where}')
+  failed = [k for k, c in costs.items() if c.failed]
+  if failed:
+    # Above the axes: the space below holds the legend.
+    fig.suptitle('failed to compile: ' + ', '.join(failed), fontsize='small',
+                 color='#b00020', x=0.01, ha='left')
+  return fig
+
+
+# -- peak memory against FLOPs ------------------------------------------------------
+
+def pareto_points(comparison: Comparison) -> list[tuple[str, int, int, bool]]:
+  """``(label, peak bytes, FLOPs, on the front)`` for each compiled policy;
+  FLOPs are the jaxpr's count (trip counts applied), as the charts use."""
+  return [(r.label, r.peak_bytes, r.ranked_flops, r.on_pareto_front) for r in comparison.rows
+          if not r.failed and r.peak_bytes is not None and r.ranked_flops is not None]
+
+
+@literal_text
+def plot_pareto(comparison: Comparison, *, selected: str | None = None,
+                search_result=None) -> Figure:
+  """Peak memory against FLOPs, one point per policy, with the Pareto front
+  drawn, the `selected` policy ringed and the searched policy starred.
+
+  Policies that compile to the same point share one label listing them;
+  labels go where they overlap nothing (``_labels``); the legend sits
+  outside the data.
+  """
+  points = pareto_points(comparison)
+  fig = new_figure(figsize=(9, 5))
+  ax = fig.add_subplot()
+  extra = [] if search_result is None else [(search_result.peak_bytes, search_result.flops)]
+  mem_scale = byte_unit(max([p[1] for p in points] + [m for m, _ in extra], default=1))
+  flop_scale = flop_unit(max([p[2] for p in points] + [f for _, f in extra], default=1))
+  for label, peak, flops, on_front in points:
+    x, y = peak / mem_scale, flops / flop_scale
+    ax.scatter([x], [y], s=45, zorder=3, color=FRONT_COLOR if on_front else '#7f7f7f')
+    if label == selected:
+      ax.scatter([x], [y], s=220, facecolors='none', edgecolors='#1f77b4', linewidths=2,
+                 zorder=4, label=f'selected: {short_label(label)}')
+  front = sorted((p[1], p[2]) for p in points if p[3])
+  if front:
+    xs, ys = zip(*front)
+    ax.step(np.array(xs) / mem_scale, np.array(ys) / flop_scale, where='post',
+            color=FRONT_COLOR, linestyle='--', zorder=2, label='Pareto front')
+  if search_result is not None:
+    ax.scatter([search_result.peak_bytes / mem_scale], [search_result.flops / flop_scale],
+               marker='*', s=260, color='#ff7f0e', edgecolors='black', zorder=5,
+               label=f'searched: {short_label(search_result.label)}')
+    ax.axvline(search_result.budget_bytes / mem_scale, color='#ff7f0e', linestyle=':',
+               label=f'budget {format_bytes(search_result.budget_bytes)}')
+  ax.set_xlabel(f'peak device memory ({unit_name(format_bytes(mem_scale))})')
+  ax.set_ylabel(f'FLOPs, forward + backward ({unit_name(format_flops(flop_scale))})')
+  ax.set_title(f'{comparison.function}: memory against FLOPs on {comparison.device_kind}')
+  ax.grid(alpha=0.3)
+  ax.margins(0.15)  # room for labels around the outermost points
+  legend_outside(ax)
+  groups = _labels.group_points([(short_label(label), peak / mem_scale, flops / flop_scale)
+                                 for label, peak, flops, _ in points])
+  _labels.label_points(ax, groups)
+  return fig
+
+
+# -- residuals by origin ------------------------------------------------------------
+
+def residual_bytes_by_origin(report: RematReport) -> dict[str, int]:
+  """Residual bytes grouped by where they come from: a ``checkpoint_name``,
+  an argument, or the primitive that produced them."""
+  groups: dict[str, int] = defaultdict(int)
+  for r in report.residuals:
+    if r.name is not None:
+      key = f'name: {r.name}'
+    elif r.kind == 'argument':
+      key = 'arguments'
+    elif r.primitive is not None:
+      key = f'primitive: {r.primitive}'
+    else:
+      key = r.kind
+    groups[key] += r.bytes
+  return dict(sorted(groups.items(), key=lambda kv: -kv[1]))
+
+
+@literal_text
+def plot_residuals_by_origin(report: RematReport) -> Figure:
+  """Horizontal bars: residual bytes by origin under one policy."""
+  groups = residual_bytes_by_origin(report)
+  fig = new_figure(figsize=(8, 0.35 * max(len(groups), 1) + 1.4))
+  ax = fig.add_subplot()
+  scale = byte_unit(max(groups.values(), default=1))
+  ax.barh(range(len(groups)), [b / scale for b in groups.values()], color='#d62728')
+  ax.set_yticks(range(len(groups)), [short_label(g) for g in groups])
+  ax.invert_yaxis()
+  for i, b in enumerate(groups.values()):
+    ax.annotate(format_bytes(b), (b / scale, i), xytext=(3, 0), textcoords='offset points',
+                va='center', fontsize=8)
+  ax.set_xlabel(f'residual bytes ({unit_name(format_bytes(scale))})')
+  total = format_bytes(sum(groups.values()))
+  ax.set_title(f'{report.function} · {report.policy}: {total} of residuals')
+  if not groups:
+    ax.text(0.5, 0.5, 'no residuals', transform=ax.transAxes, ha='center')
+  return fig

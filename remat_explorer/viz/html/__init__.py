@@ -1,0 +1,10 @@
+"""HTML: tables, the interactive timeline and the self-contained report.
+
+Above ``diagram`` and ``charts``, whose outputs it embeds.
+
+* ``tables``: residual, comparison and peak tables, jaxpr listings.
+* ``layout_tables``: ``checkpointed_scan`` layouts and nesting levels.
+* ``timeline_html``: the memory timeline as inline SVG with the buffers
+  live at each step.
+* ``html_report``: ``report_html``, one file that opens offline.
+"""

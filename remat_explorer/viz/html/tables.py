@@ -1,0 +1,284 @@
+"""HTML tables and jaxpr listings: pure functions from analysis data to HTML.
+
+Every value that comes from the user's program (names, sources, shapes of
+their arrays, jaxpr text) goes through ``html_text``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+from remat_explorer.analysis.tradeoffs.compare import Comparison
+from remat_explorer.analysis.split.report import RematReport, Residual
+from remat_explorer.analysis.program.devices import mesh_text
+from remat_explorer.viz.text import (MISSING, format_bytes, format_flops, format_seconds,
+                                     html_text, unique_lines)
+
+RESIDUAL_SORT_KEYS = {
+    'bytes': lambda r: r.bytes,
+    'index': lambda r: r.index,
+    'origin': lambda r: (r.kind, r.name or '', r.primitive or '', r.index),
+    'block': lambda r: (r.block or '', r.index),
+    'source': lambda r: (r.source or '', r.index),
+}
+"""How ``residual_table_html`` can order its rows."""
+MAX_JAXPR_LINES = 4000
+
+
+def residual_table_html(report: RematReport, *, sort_by: str = 'bytes',
+                        descending: bool | None = None) -> str:
+  """The residuals of `report` as an HTML table, one row each: shape, dtype,
+  bytes, origin, ``checkpoint_name``, block and source line; for a sharded
+  program also each residual's sharding and the shard one device keeps.
+
+  `sort_by` is one of ``RESIDUAL_SORT_KEYS``; bytes sort largest first
+  unless `descending` says otherwise.
+  """
+  if sort_by not in RESIDUAL_SORT_KEYS:
+    raise ValueError(f'sort_by={sort_by!r} is not one of {sorted(RESIDUAL_SORT_KEYS)}')
+  if descending is None:
+    descending = sort_by == 'bytes'
+  rows = sorted(report.residuals, key=RESIDUAL_SORT_KEYS[sort_by], reverse=descending)
+  sharded = any(r.sharding is not None for r in report.residuals)
+  headings = ['#', 'shape', 'dtype', 'bytes', 'origin', 'name', 'block', 'source line']
+  if sharded:
+    headings[4:4] = ['sharding', 'per device']
+  headings, cells = drop_empty_columns(headings, [_residual_cells(r, sharded) for r in rows],
+                                       keep=('#',))
+  head = ''.join(f'<th>{h}</th>' for h in headings)
+  body = ''.join('<tr>' + ''.join(f'<td>{html_text(c)}</td>' for c in row) + '</tr>'
+                 for row in cells)
+  total = sum(r.bytes for r in report.residuals)
+  caption = (f'{len(rows)} residuals, {format_bytes(total)} under policy '
+             f'{html_text(report.policy)} (lowering {html_text(report.lowering)}), '
+             f'sorted by {sort_by}')
+  if sharded:
+    caption += (f'; {format_bytes(report.residual_bytes_per_device)} per device on '
+                f'{report.num_devices} device(s)'
+                + (f', mesh {html_text(mesh_text(report.mesh_shape))}'
+                   if report.mesh_shape else ''))
+  return (f'<table class="remat-residual-table"><caption>{caption}</caption>'
+          f'<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>')
+
+
+def _residual_cells(r: Residual, sharded: bool = False) -> list[str]:
+  origin = r.argument if r.kind == 'argument' and r.argument else (r.primitive or r.kind)
+  if r.memory_space != 'device':
+    origin += f' (offloaded to {r.memory_space})'
+  cells = [str(r.index), str(r.shape), r.dtype, f'{r.bytes:,} ({format_bytes(r.bytes)})',
+           origin, r.name or '', r.block or '', r.source or '']
+  if sharded:
+    cells[4:4] = [r.sharding or MISSING, _per_device_cell(r)]
+  return cells
+
+
+def drop_empty_columns(headings: list[str], rows: list[list[str]], *,
+                       keep: Iterable[str] = ()) -> tuple[list[str], list[list[str]]]:
+  """`headings` and `rows` without the columns that hold nothing (blank or
+  ``MISSING``) in any row, such as run times when nothing was run; the
+  columns named in `keep` stay."""
+  keep = set(keep)
+  kept = [i for i, h in enumerate(headings)
+          if h in keep or any(row[i] not in ('', MISSING) for row in rows)]
+  return [headings[i] for i in kept], [[row[i] for i in kept] for row in rows]
+
+
+def _per_device_cell(r: Residual) -> str:
+  if r.per_device_shape is None:
+    return MISSING
+  return (f'{r.per_device_shape} {r.per_device_bytes:,} '
+          f'({format_bytes(r.per_device_bytes)})')
+
+
+def comparison_table_html(comparison: Comparison) -> str:
+  """One row per policy: residual, temp and peak bytes, FLOPs (what the
+  compiled program executes, loops counted, and what the jaxpr asks for), compile and run time, the Pareto front and any flag; for a
+  program partitioned over several devices also the residual bytes per
+  device and the collectives (those the recompute re-runs in brackets)."""
+  sharded = comparison.num_devices > 1
+  headings = ['policy', 'residual bytes', 'compiled temp', 'compiled peak',
+              'FLOPs (compiled)', 'FLOPs (jaxpr)', 'recompute FLOPs', 'compile', 'run', 'Pareto', 'notes']
+  if sharded:
+    headings[2:6] = ['residual bytes / device', 'compiled temp / device',
+                     'compiled peak / device', 'collectives (recompute)',
+                     'FLOPs (compiled) / device', 'FLOPs (jaxpr)']
+  rows, classes = [], []
+  for r in comparison.rows:
+    note = row_note(r)
+    cells = [r.label, format_bytes(r.residual_bytes), format_bytes(r.temp_bytes),
+             format_bytes(r.peak_bytes), format_flops(r.compiled_flops), format_flops(r.flops),
+             format_flops(r.recompute_flops), format_seconds(r.compile_seconds),
+             format_seconds(r.run_seconds), '✓' if r.on_pareto_front else '', note]
+    if sharded:
+      collectives = (MISSING if r.collectives is None
+                     else f'{r.collectives} ({r.recompute_collectives})')
+      cells[2:4] = [format_bytes(r.residual_bytes_per_device), *cells[2:4], collectives]
+    rows.append(cells)
+    classes.append(' class="pareto"' if r.on_pareto_front else '')
+  headings, rows = drop_empty_columns(headings, rows, keep=('policy',))
+  head = ''.join(f'<th>{h}</th>' for h in headings)
+  body = [f'<tr{css}>' + ''.join(f'<td>{html_text(c)}</td>' for c in cells) + '</tr>'
+          for css, cells in zip(classes, rows)]
+  lowering = comparison_lowering(comparison)
+  caption = (f'{html_text(comparison.function)} on {html_text(comparison.device_kind)}'
+             + (f', lowering {html_text(lowering)}' if lowering else '')
+             + f'; charts use the {html_text(comparison.flops_used_by_charts)} FLOP count')
+  if sharded:
+    caption += (f'; partitioned over {comparison.num_devices} devices'
+                + (f' (mesh {html_text(mesh_text(comparison.mesh_shape))})'
+                   if comparison.mesh_shape else '')
+                + ', compiled figures per device')
+  return (f'<table class="remat-comparison-table"><caption>{caption}</caption>'
+          f'<thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>')
+
+
+def comparison_lowering(comparison: Comparison) -> str | None:
+  """The lowering the comparison's rows were analyzed under (one for all)."""
+  lowerings = {r.report.lowering for r in comparison.rows if r.report is not None}
+  return lowerings.pop() if len(lowerings) == 1 else None
+
+
+def row_note(row) -> str:
+  """The notes cell of a comparison row: why it failed, else its warnings
+  (repeats folded, ``text.unique_lines``), else XLA's merge of its recompute
+  (which a warning repeats when there is one)."""
+  if row.failed:
+    return f'compile failed: {row.costs.error}'
+  return ' '.join(unique_lines(row.warnings)) or row.recompute_eliminated or ''
+
+
+# -- what is live at a step --------------------------------------------------------------
+
+PEAK_TOP = 10
+"""Rows of the peak table: the largest buffers, ..."""
+PEAK_RESIDUALS = 5
+"""... and the largest residuals, whatever their rank."""
+
+
+def shown_buffers(rows, top: int = PEAK_TOP, residuals: int = PEAK_RESIDUALS) -> list:
+  """The rows a table of live buffers lists: the `top` largest and the
+  `residuals` largest residuals (the buffers a policy decides), largest
+  first; `rows` are ``live_at_peak``'s, largest first."""
+  keep = set(range(min(top, len(rows))))
+  keep.update([i for i, r in enumerate(rows) if r.kind == 'residual'][:residuals])
+  return [rows[i] for i in sorted(keep)]
+
+
+PEAK_HEADINGS = ('bytes', 'kind', 'holds', 'module path', 'source line', 'made by',
+                 'FLOPs to drop', 'buffer')
+"""The columns of a table of live buffers; `peak_cells` fills them."""
+PEAK_WRAPPED = ('holds', 'source line', 'buffer')
+"""Columns whose text may break anywhere (long paths without spaces, what
+a loop's temporaries hold); the others (figures, kinds, module paths) stay
+on one line."""
+
+
+def peak_cells(r) -> list[str]:
+  """A live buffer (``PeakBuffer``) as the text of `PEAK_HEADINGS`' columns."""
+  return [f'{r.bytes:,} ({format_bytes(r.bytes)})', r.kind, r.holds(), r.module_path,
+          r.source, r.made_by, format_flops(r.recompute_flops_to_drop), r.buffer]
+
+
+def live_summary(rows) -> str:
+  """'58 buffers, 736 KiB; residuals 145 KiB'."""
+  held = sum(r.bytes for r in rows if r.kind == 'residual')
+  return (f'{len(rows)} buffers, {format_bytes(sum(r.bytes for r in rows))}; residuals '
+          f'{format_bytes(held)}')
+
+
+def peak_table_html(rows, *, caption: str = '', top: int = PEAK_TOP,
+                    residuals: int = PEAK_RESIDUALS) -> str:
+  """The buffers live at one step (``live_at_peak``), as an HTML table:
+  bytes, kind, ``checkpoint_name``, module path, user source line, the
+  pass that made it, the FLOPs dropping it would cost (a residual's
+  producer), XLA's buffer. The largest rows are listed
+  (``shown_buffers``); the rest are summed up by kind in a last row."""
+  shown = shown_buffers(rows, top, residuals)
+  headings, cells = drop_empty_columns(list(PEAK_HEADINGS), [peak_cells(r) for r in shown],
+                                       keep=('bytes', 'kind', 'buffer'))
+  head = ''.join(f'<th>{h}</th>' for h in headings)
+  wrapped = ['remat-wrap' if h in PEAK_WRAPPED else '' for h in headings]
+  body = ''.join(
+      f'<tr class="remat-live-{html_text(r.kind)}">'
+      + ''.join(f'<td class="{w}">{html_text(c)}</td>' if w else f'<td>{html_text(c)}</td>'
+                for w, c in zip(wrapped, row)) + '</tr>'
+      for r, row in zip(shown, cells))
+  rest = rest_text(rows, shown)
+  if rest:
+    body += f'<tr class="remat-live-rest"><td colspan="{len(headings)}">{html_text(rest)}</td></tr>'
+  summary = live_summary(rows)
+  caption = f'{html_text(caption)}: {summary}' if caption else summary
+  return (f'<table class="remat-peak-table"><caption>{caption}</caption>'
+          f'<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>')
+
+
+def rest_text(rows, shown) -> str:
+  """'… 41 more buffers, 1.2 MiB: parameter 800 KiB, output 400 KiB'."""
+  listed = {id(r) for r in shown}
+  rest = [r for r in rows if id(r) not in listed]
+  if not rest:
+    return ''
+  kinds: dict[str, int] = {}
+  for r in rest:
+    kinds[r.kind] = kinds.get(r.kind, 0) + r.bytes
+  parts = ', '.join(f'{k} {format_bytes(b)}' for k, b in
+                    sorted(kinds.items(), key=lambda kv: -kv[1]))
+  return (f'… {len(rest)} more buffer{"s" * (len(rest) != 1)}, '
+          f'{format_bytes(sum(r.bytes for r in rest))}: {parts}')
+
+
+# -- jaxprs -------------------------------------------------------------------------------
+
+def jaxpr_html(jaxpr, *, highlight_inputs: Iterable[int] = (),
+               highlight_outputs: Iterable[int] = ()) -> str:
+  """`jaxpr` as escaped, preformatted text, with the variables that are its
+  inputs or outputs at the given positions marked wherever they appear."""
+  # Without colour: in a notebook JAX prints jaxprs with terminal colour
+  # codes, which HTML would show raw.
+  text = jaxpr.pretty_print(use_color=False)
+  lines = text.splitlines()
+  if len(lines) > MAX_JAXPR_LINES:
+    cut = len(lines) - MAX_JAXPR_LINES
+    half = MAX_JAXPR_LINES // 2
+    lines = lines[:half] + [f'    … {cut} lines not shown …'] + lines[-half:]
+  names = _names_at(text, highlight_inputs, highlight_outputs)
+  escaped = html_text('\n'.join(lines))
+  if names:
+    pattern = re.compile(r'(?<![\w.])(' + '|'.join(map(re.escape, sorted(names))) + r')(?![\w\[])')
+    escaped = pattern.sub(r'<mark class="residual">\1</mark>', escaped)
+  return f'<pre class="remat-jaxpr">{escaped}</pre>'
+
+
+def report_jaxprs_html(report: RematReport) -> str:
+  """The forward and backward jaxprs of `report`, residuals marked: the
+  forward pass's last outputs and the backward pass's first inputs."""
+  forward, backward = report.forward_jaxpr, report.backward_jaxpr
+  n = len(report.residuals)
+  num_fwd_outs = len(forward.jaxpr.outvars)
+  return ('<h4>Forward (known)</h4>'
+          + jaxpr_html(forward, highlight_outputs=range(num_fwd_outs - n, num_fwd_outs))
+          + '<h4>Backward (staged)</h4>'
+          + jaxpr_html(backward, highlight_inputs=range(n)))
+
+
+_HEADER = re.compile(r'\{\s*lambda\s*([^;]*);([^.]*)\.\s*let', re.S)
+_OUTPUTS = re.compile(r'\bin\s*\(([^()]*)\)\s*\}\s*$', re.S)
+
+
+def _names_at(text: str, inputs: Iterable[int], outputs: Iterable[int]) -> set[str]:
+  """Printed variable names of the top-level inputs/outputs at the given
+  positions, read from the jaxpr's text (its header and final ``in (...)``)."""
+  names: set[str] = set()
+  inputs, outputs = list(inputs), list(outputs)
+  header = _HEADER.search(text)
+  if inputs and header:
+    invars = [tok.split(':')[0] for tok in header.group(2).split()]
+    names.update(invars[i] for i in inputs if i < len(invars))
+  tail = _OUTPUTS.search(text)
+  if outputs and tail:
+    outvars = [tok.strip() for tok in tail.group(1).split(',') if tok.strip()]
+    names.update(outvars[i] for i in outputs
+                 if i < len(outvars) and re.fullmatch(r'[a-z_]\w*', outvars[i]))
+  names.discard(MISSING)
+  return names

@@ -1,0 +1,166 @@
+"""The Explorer's HTML pieces: pure functions of analysis data and of what
+is running, so the widget only assigns their results.
+"""
+
+from __future__ import annotations
+
+
+import jax
+
+from remat_explorer.analysis.program.devices import mesh_text
+from remat_explorer.analysis import error_summary
+from remat_explorer.analysis.tradeoffs.compare import recompute_eliminated
+from remat_explorer.viz.html.timeline_html import timeline_html
+from remat_explorer.viz.charts.timeline_view import timeline_view
+from remat_explorer.viz.text import (MISSING, format_bytes, format_flops, format_seconds,
+                                     html_text, unique_lines)
+
+STALE = 'remat-stale'
+"""Class of a view whose figures are being recomputed: greyed, labelled."""
+OUTDATED = 'remat-outdated'
+"""Class of a view computed under other controls than the current ones."""
+
+CSS = f"""<style>
+.remat-explorer .{STALE}, .remat-explorer .{OUTDATED} {{ position: relative; }}
+.remat-explorer .{STALE} > *, .remat-explorer .{OUTDATED} > * {{ opacity: 0.4; }}
+.remat-explorer .{STALE}::before, .remat-explorer .{OUTDATED}::before {{
+  position: absolute; top: 0.3em; right: 0.5em; z-index: 1; padding: 0.1em 0.6em;
+  background: #fff4e5; border: 1px solid #f0a020; border-radius: 3px; font-size: 12px;
+}}
+.remat-explorer .{STALE}::before {{ content: 'updating…'; }}
+.remat-explorer .{OUTDATED}::before {{
+  content: 'computed under another lowering: press “compare all …” again';
+}}
+.remat-explorer .remat-caption {{ color: #444; font-size: 12px; margin: 0.2em 0 0.4em; }}
+.remat-explorer .remat-task {{ display: flex; align-items: center; gap: 0.5em;
+  font-size: 12px; white-space: nowrap; }}
+.remat-explorer .remat-task progress {{ width: 9em; }}
+.remat-explorer p.warning {{ color: #8a5a00; margin: 0.2em 0; }}
+.remat-explorer p.error {{ color: #b00020; }}
+.remat-explorer button {{ white-space: nowrap; }}
+/* Figures on one line (“153.2 kFLOP”); the last column (notes, source) wraps. */
+.remat-explorer table td {{ white-space: nowrap; }}
+.remat-explorer table td:last-child {{ white-space: normal; min-width: 16em; }}
+</style>"""
+
+
+def progress_html(tasks) -> str:
+  """A line per running task (``_work.Task``): a determinate ``<progress>``
+  where its number of steps is known, an indeterminate one (no value: the
+  browser animates it) where it is not, e.g. a single compile or a search
+  that decides as it goes how many compiles it needs; none for a task that
+  waits for another."""
+  lines = []
+  for t in tasks:
+    text = html_text(t.label + (f': {t.step}' if t.step else ''))
+    if t.waiting:  # no bar: nothing runs yet
+      lines.append(f'<div class="remat-task"><span>{text}: next, once the '
+                   'one under way ends</span></div>')
+      continue
+    if t.total:
+      bar = f'<progress value="{min(t.done, t.total)}" max="{t.total}"></progress>'
+      text += f' ({t.done}/{t.total})'
+    else:
+      bar = '<progress></progress>'
+      text += '…'
+    lines.append(f'<div class="remat-task">{bar}<span>{text}</span></div>')
+  return ''.join(lines)
+
+
+def caption_html(policy: str, lowering: str, device: str, what: str = 'showing') -> str:
+  """The line that says what a view shows: ``'<what> under <policy> ·
+  lowering <lowering> · <device>'``."""
+  return (f'<p class="remat-caption">{html_text(what)} under {html_text(policy)} · '
+          f'lowering {html_text(lowering)} · {html_text(device)}</p>')
+
+
+def warnings_html(warnings) -> str:
+  return ''.join(f'<p class="warning">{html_text(w)}</p>' for w in unique_lines(warnings))
+
+
+def error_text(e: Exception) -> str:
+  """'ValueError: ...': the exception's type and message, without a
+  traceback or JAX's note about it."""
+  return error_summary(e)
+
+
+def error_html(message: str) -> str:
+  return f'<p class="error">{html_text(message)}</p>'
+
+
+def costs_html(label, lowering, costs, baseline, report) -> str:
+  """The Costs tab: XLA's figures for `label` beside no remat's, the flag
+  when the compiler merged the recompute away, the memory timeline (no
+  remat's beside it) and what is live at the peak."""
+  caption = caption_html(label, lowering, f'device {costs.device_kind}', 'compiled')
+  if costs.failed:
+    return caption + error_html(f'Compile failed: {costs.error}')
+  def both(value, formatter):
+    return f'{value:,} ({formatter(value)})' if value is not None else MISSING
+  rows = [('device', html_text(costs.device_kind)),
+          ('temp bytes', both(costs.temp_bytes, format_bytes)),
+          ('peak bytes', both(costs.peak_bytes, format_bytes)),
+          ('no-remat peak bytes',
+           both(baseline.peak_bytes, format_bytes) if not baseline.failed else MISSING),
+          ('FLOPs executed (loops counted)',
+           both(costs.executed_flops and int(costs.executed_flops), format_flops)),
+          ('XLA cost_analysis FLOPs (loop bodies once)',
+           both(costs.xla_flops and int(costs.xla_flops), format_flops)),
+          ('compile time', format_seconds(costs.compile_seconds))]
+  table = ''.join(f'<tr><td>{k}</td><td>{v}</td></tr>' for k, v in rows)
+  flag = recompute_eliminated(report, costs)
+  reference = None if baseline.failed or baseline is costs else ('no remat', baseline)
+  view = timeline_view(report, costs, reference=reference)
+  return (f'<div class="remat-costs">{caption}<table>{table}</table>'
+          + warnings_html([flag] if flag else [])
+          + '<h4>Memory along the compiled step</h4>' + timeline_html(view) + '</div>')
+
+
+def device_text(report) -> str:
+  """Where `report`'s program runs: the default device's kind, and for a
+  sharded program how many devices and which mesh."""
+  kind = jax.devices()[0].device_kind
+  if report.num_devices <= 1:
+    return f'device {kind}'
+  mesh = mesh_text(report.mesh_shape)
+  return f'{report.num_devices} × {kind}' + (f' (mesh {mesh})' if mesh else '')
+
+
+def budget_bytes(fraction: float, ends: tuple[int, int]) -> int:
+  """A fraction of the way from the lowest compiled peak known to the
+  highest (`ends`), in bytes."""
+  low, high = ends
+  return int(low + fraction * (high - low))
+
+
+def budget_text(fraction: float, ends: tuple[int, int] | None) -> str:
+  """'50% (≈ 1.2 MiB)' once the ends are known, else '50%'."""
+  if ends is None:
+    return f'{fraction:.0%}'
+  return f'{fraction:.0%} (≈ {format_bytes(budget_bytes(fraction, ends))})'
+
+
+def budget_html(fraction: float, ends: tuple[int, int] | None) -> str:
+  """Beside the budget slider: the bytes its fraction stands for, or that
+  they are being compiled."""
+  if ends is None:
+    return ('<span class="remat-caption" title="compiling nothing_saveable, '
+            'everything_saveable, the program as written and without remat, whose '
+            'peaks the budget spans">≈ … bytes (compiling…)</span>')
+  low, high = ends
+  return (f'<span title="0%: the lowest compiled peak known, {format_bytes(low)}; '
+          f'100%: the highest, {format_bytes(high)}">'
+          f'≈ {format_bytes(budget_bytes(fraction, ends))} '
+          f'<span class="remat-caption">({format_bytes(low)} – {format_bytes(high)})'
+          '</span></span>')
+
+
+def search_html(result) -> str:
+  """What a search found (``SearchResult``): its policy and explanation
+  (what it saves, its peak against the budget, its FLOPs), or, when
+  nothing fits the budget, that no policy can."""
+  if not result.fits:
+    return error_html(f'No policy fits the budget of {format_bytes(result.budget_bytes)}. '
+                      f'{result.explanation}')
+  return (f'<p class="remat-search-result">Search within {format_bytes(result.budget_bytes)}:'
+          f' <b>{html_text(result.label)}</b>. {html_text(result.explanation)}</p>')

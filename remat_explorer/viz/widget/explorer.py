@@ -1,0 +1,503 @@
+"""``explore(f, *args)``: the interactive Explorer, a thin layer of ipywidgets.
+
+The widget only wires controls to the analysis (which caches its results)
+and to the pure rendering functions. Compiles (and the figures drawn from
+them) run on worker threads behind a progress line, so the notebook stays
+responsive; their results are applied to the widgets on the main thread
+(``_work``). A view whose figures are being recomputed is greyed and
+labelled until they arrive; an error is shown in the widget and the
+previous views stay.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Mapping
+
+import jax
+
+from remat_explorer.analysis import (DEFAULT_LOWERING, LOWERINGS, NO_REMAT, analyze,
+                                     builtin_policies, compare, compile_costs)
+from remat_explorer.analysis.tradeoffs.compare import AS_WRITTEN, AS_WRITTEN_NO_REMAT
+from remat_explorer.analysis.context import TraceSettings
+from remat_explorer.analysis.program.keywords import check_keywords
+from remat_explorer.viz.widget import _panels
+from remat_explorer.viz.widget._panels import (OUTDATED, STALE, caption_html, error_text,
+                                        warnings_html)
+from remat_explorer.viz.widget._search import BudgetSearch
+from remat_explorer.viz.widget._work import Work
+from remat_explorer.viz.charts.costs import (plot_memory_breakdown, plot_pareto,
+                                       plot_residuals_by_origin)
+from remat_explorer.viz.charts._figures import chart_img
+from remat_explorer.viz.diagram.render import render_diagram
+from remat_explorer.viz.widget.lab import require_lab
+from remat_explorer.viz.html.layout_tables import scan_layouts_html
+from remat_explorer.viz.diagram.split_graph import split_graph
+from remat_explorer.viz.html.tables import (RESIDUAL_SORT_KEYS, comparison_table_html,
+                                       report_jaxprs_html, residual_table_html)
+from remat_explorer.viz.diagram.viewer import svg_img_html
+
+TABS = ('Split diagram', 'Residuals', 'Costs', 'Compare', 'Program')
+_NAMED = 'save_only_these_names (pick names)'
+_ALL_BLOCKS = 'all blocks'
+_AUTO = {'width': 'auto'}  # buttons as wide as their text: never cut
+
+
+def explore(f, *args, argnums=0, **kwargs):
+  """Open the Explorer on `f` at `args`.
+
+  `f` may also be a mapping from labels to functions of the same arguments,
+  such as layouts of one long scan (``{'every': f0, 'sqrt': f1}``): a
+  "layout" control picks the one shown, and the Compare tab compiles each
+  as written, side by side.
+
+  It needs ipywidgets and anywidget (the ``[lab]`` extra); outside a
+  notebook front end that runs widgets it displays as static HTML.
+  """
+  _layouts(f)
+  check_keywords(explore, f, kwargs, argnums=argnums)
+  return Explorer(f, *args, argnums=argnums, **kwargs)
+
+
+# The Explorer each notebook cell made last: running the cell again stops
+# the earlier one's work, which nothing shows any more.
+_by_cell: dict[str, weakref.ref] = {}
+
+
+def _current_cell() -> str | None:
+  """The id of the notebook cell being run (JupyterLab and Notebook send
+  it with each execution), or None outside a notebook."""
+  try:
+    from IPython import get_ipython
+    parent = get_ipython().kernel.get_parent('shell')
+  except (ImportError, AttributeError, TypeError):  # no kernel, or an old one
+    return None
+  return ((parent or {}).get('metadata') or {}).get('cellId')
+
+
+def _replace_in_cell(explorer) -> None:
+  cell = _current_cell()
+  if cell is None:
+    return
+  earlier = _by_cell.get(cell)
+  earlier = earlier() if earlier is not None else None
+  if earlier is not None and earlier is not explorer:
+    earlier.stop()
+  _by_cell[cell] = weakref.ref(explorer)
+
+
+def _layouts(f) -> dict | None:
+  """`f` as a dict of labelled functions, or None for one function."""
+  if not isinstance(f, Mapping):
+    if not callable(f):
+      raise TypeError('explore takes a function (or a mapping from labels to functions) '
+                      f'as its first argument, not {type(f).__name__}: explore(loss_fn, *args).')
+    return None
+  if not f:
+    raise ValueError('explore got an empty mapping; pass {label: function, ...} with '
+                     'one function per layout, or a single function.')
+  for label, fn in f.items():
+    if not isinstance(label, str) or not callable(fn):
+      raise TypeError('explore takes a function or a mapping from labels (str) to '
+                      f'functions, but the mapping maps {label!r} to {type(fn).__name__}.')
+  return dict(f)
+
+
+def static_html(report, block=None, expand=()) -> str:
+  """The split diagram (an ``<img>`` of its SVG) and residual table of
+  `report`: what shows where scripts and inline SVG do not, such as an
+  untrusted notebook, whose sanitizer keeps images."""
+  diagram = render_diagram(split_graph(report, block=block, expand=expand))
+  image = svg_img_html(diagram.svg) if diagram.svg else ''
+  return image + diagram.notes_html + residual_table_html(report)
+
+
+class StaticView:
+  """The split diagram and residual table of one report, as HTML."""
+
+  def __init__(self, report):
+    self.report = report
+
+  def _repr_html_(self) -> str:
+    return static_html(self.report)
+
+
+class Explorer:
+  """Controls: policy (the program as written first, and selected), names,
+  lowering, block, memory budget (with the bytes it stands for) and the
+  policy search. Tabs: the split diagram (pan, zoom; a click on a collapsed
+  call opens it), residual table, compiled costs (with the memory timeline
+  and what is live at its peak), policy comparison, jaxprs. A program that
+  cannot be analyzed as written still opens, with the error shown."""
+
+  def __init__(self, f, *args, argnums=0, **kwargs):
+    self.layouts = _layouts(f)
+    require_lab('The Explorer')
+    import ipywidgets as w
+
+    from remat_explorer.viz.widget.html_widget import HtmlView
+    from remat_explorer.viz.widget.viewer_widget import DiagramViewer
+    self._function = None if self.layouts else f
+    self.args, self.kwargs, self.argnums = args, kwargs, argnums
+    # Layouts of one computation (functions of the same arguments): the
+    # control picks the function every view analyzes.
+    self.layout = w.Dropdown(options=list(self.layouts or ()), description='layout',
+                             layout=w.Layout(display='' if self.layouts else 'none'))
+    # Work on other threads takes the mesh and lowering strategy of the code
+    # that opened the Explorer with it.
+    self._settings = TraceSettings.current()
+    self._work = Work(on_tasks=self._show_tasks, on_error=self._show_error,
+                      context=self._settings.entered)
+    _replace_in_cell(self)
+    first = self._first_analysis()
+    self.names = first.names_in_program if first else ()
+    # The program as written comes first, and opens: the policies the
+    # user wrote, before any other.
+    written = AS_WRITTEN if first is None or first.blocks else AS_WRITTEN_NO_REMAT
+    self.policies = {written: None, 'no remat': NO_REMAT, **builtin_policies()}
+    self.comparison = None
+    self.search_result = None
+    self._compared_lowering = None
+    self._generation = 0
+    self._expanded: set[str] = set()
+    self._picking = False
+    self._static_html = ''
+
+    options = list(self.policies) + ([_NAMED] if self.names else [])
+    self.policy = w.Dropdown(options=options, value=written, description='policy')
+    self.names_select = w.SelectMultiple(options=self.names, value=self.names[:1],
+                                         description='names', rows=min(6, len(self.names) or 1),
+                                         layout=w.Layout(display='none'))
+    self.lowering = w.Dropdown(options=list(LOWERINGS), value=DEFAULT_LOWERING,
+                               description='lowering')
+    self.block = w.Dropdown(options=[_ALL_BLOCKS], value=_ALL_BLOCKS, description='block')
+    self._set_blocks(first)
+    self._budget = BudgetSearch(self)
+    self.budget, self.budget_note = self._budget.slider, self._budget.note
+    self.search_button, self.search_note = self._budget.button, self._budget.found
+    self.compare_button = w.Button(
+        description='compare all layouts' if self.layouts else 'compare all policies',
+                                   layout=w.Layout(**_AUTO))
+    self.progress = w.HTML()
+    self.error = w.HTML()
+
+    self.split_note = w.HTML()
+    self.diagram = DiagramViewer(layout=w.Layout(width='100%'))
+    self.split_view = w.VBox([self.split_note, self.diagram])
+    self.residual_view = w.HTML()
+    self.sort_by = w.Dropdown(options=list(RESIDUAL_SORT_KEYS), value='bytes',
+                              description='sort by')
+    self.costs_view = HtmlView()
+    # Marked while a compile runs: in a box, whose classes reach the page
+    # (an anywidget's own do not follow changes after it is shown).
+    self.costs_tab = w.VBox([self.costs_view])
+    self.compare_view = w.HTML('<p>Press “compare all policies” to compile the '
+                               'gradient under every policy.</p>')
+    self.pareto_pick = w.ToggleButtons(options=[], description='select',
+                                       style={'button_width': 'auto'})
+    self.program_view = w.HTML()
+    self.tabs = w.Tab(children=[
+        self.split_view, w.VBox([self.sort_by, self.residual_view]), self.costs_tab,
+        w.VBox([self.compare_button, self.compare_view, self.pareto_pick]),
+        self.program_view])
+    for i, title in enumerate(TABS):
+      self.tabs.set_title(i, title)
+
+    for control in (self.policy, self.names_select, self.lowering):
+      control.observe(lambda _: self.refresh(), names='value')
+    self.block.observe(self._block_changed, names='value')
+    self.layout.observe(self._layout_changed, names='value')
+    self.sort_by.observe(lambda _: self._render_residuals(self.current_report()),
+                         names='value')
+    self.lowering.observe(lambda _: self._budget.learn_range(), names='value')
+    self.compare_button.on_click(lambda _: self._compare())
+    self.pareto_pick.observe(self._pick_from_pareto, names='value')
+    self.diagram.observe(self._node_clicked, names='click_count')
+    self.widget = w.VBox([
+        w.HTML(_panels.CSS),
+        w.HBox([self.layout, self.policy, self.names_select, self.lowering, self.block]),
+        w.HBox([self.budget, self.budget_note, self.search_button, self.progress]),
+        self.search_note, self.error, self.tabs])
+    # Class names for styling and for tests that look at the page.
+    self.widget.add_class('remat-explorer')
+    self.policy.add_class('remat-policy')
+    self.refresh()
+    self._budget.learn_range()
+
+  def _first_analysis(self):
+    """The program's report as written, for its names and blocks; if that
+    fails (a policy of the user's that raises, ...), under nothing_saveable
+    (which replaces the program's policies); None if that fails too. The
+    error itself shows when the views are drawn."""
+    for policy in (None, jax.checkpoint_policies.nothing_saveable):
+      try:
+        with self._settings.entered():
+          return analyze(self.f, *self.args, policy=policy, argnums=self.argnums,
+                         **self.kwargs)
+      except Exception:  # refresh() analyzes again and shows the error
+        continue
+    return None
+
+  def _set_blocks(self, report) -> None:
+    """The block control's options: the blocks of `report` (the program as
+    written), shown when there is a choice."""
+    blocks = [_ALL_BLOCKS] + [b.name for b in (report.blocks if report else ())]
+    self.block.options = blocks
+    self.block.value = _ALL_BLOCKS
+    self.block.layout.display = '' if len(blocks) > 2 else 'none'
+
+  # -- what the controls say ---------------------------------------------------
+
+  @property
+  def f(self):
+    """The function the views analyze: the one given, or the chosen layout."""
+    return self.layouts[self.layout.value] if self.layouts else self._function
+
+  def current_policy(self):
+    if self.policy.value == _NAMED:
+      return jax.checkpoint_policies.save_only_these_names(*self.names_select.value)
+    return self.policies[self.policy.value]
+
+  def current_report(self):
+    with self._settings.entered():
+      return analyze(self.f, *self.args, policy=self.current_policy(),
+                     lowering=self.lowering.value, argnums=self.argnums, **self.kwargs)
+
+  def current_block(self) -> str | None:
+    return None if self.block.value == _ALL_BLOCKS else self.block.value
+
+  # -- views ---------------------------------------------------------------------
+
+  def refresh(self) -> None:
+    """Re-render the views for the current controls (analysis is cached);
+    the compiled costs follow from a worker."""
+    self.names_select.layout.display = '' if self.policy.value == _NAMED else 'none'
+    self._generation += 1
+    generation = self._generation
+    try:
+      report = self.current_report()
+      self._render_analysis(report)
+    except Exception as e:  # shown in the widget; the previous views stay
+      self._show_error(e, f'Could not analyze the program under {self.policy.value} '
+                          f'(lowering {self.lowering.value}); choose another policy or '
+                          'lowering, or fix the program and explore it again')
+      return
+    self.error.value = ''
+    self._mark_comparison()
+    # The compile takes the controls as they are now; its result is dropped
+    # if they have changed again by the time it ends.
+    fn, policy, lowering = self.f, self.current_policy(), self.lowering.value
+    label = f'{self.layout.value} · {self.policy.value}' if self.layouts else self.policy.value
+    self.costs_tab.add_class(STALE)
+    # A newer choice replaces a compile that has not started; the same
+    # choice again joins the one under way.
+    names = tuple(self.names_select.value) if self.policy.value == _NAMED else ()
+    self._work.start(f'compiling under {label} · lowering {lowering}',
+                     lambda _: self._costs_html(fn, label, policy, lowering, report),
+                     lambda html: self._show_costs(generation, html),
+                     lambda e: self._costs_failed(generation, e),
+                     group='costs', key=(label, names, lowering))
+
+  def _render_analysis(self, report) -> None:
+    diagram = render_diagram(split_graph(report, block=self.current_block(),
+                                         expand=self._expanded))
+    device = _panels.device_text(report)
+    self.split_note.value = (caption_html(report.policy, report.lowering, device, 'split')
+                             + warnings_html(report.warnings) + diagram.notes_html)
+    self.diagram.svg = diagram.svg
+    self._render_residuals(report)
+    self.program_view.value = (caption_html(report.policy, report.lowering, device, 'jaxprs')
+                               + report_jaxprs_html(report))
+    image = svg_img_html(diagram.svg) if diagram.svg else ''
+    self._static_html = image + diagram.notes_html + self.residual_view.value
+
+  def _render_residuals(self, report) -> None:
+    caption = caption_html(report.policy, report.lowering, _panels.device_text(report),
+                           'residuals')
+    self.residual_view.value = (
+        f'{caption}{warnings_html(report.warnings)}<div class="remat-residuals">'
+        f'{residual_table_html(report, sort_by=self.sort_by.value)}</div>'
+        + chart_img(plot_residuals_by_origin(report), 'residual bytes by origin'))
+
+  def _costs_html(self, fn, label, policy, lowering, report) -> str:
+    """On a worker: compile `fn` under `policy` and under no remat, draw."""
+    costs = compile_costs(fn, *self.args, policy=policy, lowering=lowering,
+                          argnums=self.argnums, **self.kwargs)
+    baseline = compile_costs(fn, *self.args, policy=NO_REMAT, argnums=self.argnums,
+                             **self.kwargs)
+    return _panels.costs_html(label, lowering, costs, baseline, report)
+
+  def _show_costs(self, generation, html) -> None:
+    if generation != self._generation:
+      return  # a newer compile is under way; the view stays marked
+    self.costs_view.value = html
+    self.costs_tab.remove_class(STALE)
+
+  def _costs_failed(self, generation, e) -> None:
+    self._show_error(e)
+    if generation == self._generation:
+      self.costs_tab.remove_class(STALE)  # nothing is coming
+
+  def _compare(self) -> None:
+    lowering, searched = self.lowering.value, self.search_result
+    if self.layouts:  # each layout as written
+      subject, policies, selected = self.layouts, None, self.layout.value
+    else:
+      subject, policies, selected = self.f, dict(builtin_policies(self.names)), self.policy.value
+      if searched is not None and searched.fits:  # the searched policy is a row too
+        policies.setdefault(self._policy_label(searched.label, searched.policy),
+                            searched.policy)
+    self.compare_view.add_class(STALE)
+
+    def run(progress):
+      comparison = compare(subject, *self.args, policies=policies, lowering=lowering,
+                           argnums=self.argnums, progress=progress, **self.kwargs)
+      return comparison, _comparison_html(comparison, selected, searched)
+
+    def show(result):
+      self.comparison, html = result
+      self._compared_lowering = lowering
+      self._show_comparison(html)
+      self._set_pareto_options([r.label for r in self.comparison.rows if not r.failed])
+    what = 'layouts' if self.layouts else 'policies'
+    self._work.start(f'comparing {what} · lowering {lowering}', run, show,
+                     self._comparison_failed, group='comparison',
+                     key=(lowering, tuple(policies or ()), selected, id(searched)))
+
+  def _comparison_failed(self, e) -> None:
+    self._show_error(e)
+    self.compare_view.remove_class(STALE)
+
+  def _show_comparison(self, html) -> None:
+    self.compare_view.value = html
+    self.compare_view.remove_class(STALE)
+    self._mark_comparison()
+
+  def _mark_comparison(self) -> None:
+    """Mark the comparison out of date while the lowering differs from its."""
+    outdated = self.comparison is not None and self._compared_lowering != self.lowering.value
+    (self.compare_view.add_class if outdated else self.compare_view.remove_class)(OUTDATED)
+
+  # -- the search -------------------------------------------------------------------
+
+  def _searched(self, result) -> None:
+    """Show what the search found; if it fits, select its policy (once in
+    the options: a built-in, or one found before, is selected, not added)
+    and add it to the comparison."""
+    self.search_result = result
+    self.search_note.value = _panels.search_html(result)
+    if not result.fits:
+      return
+    self.policy.value = self._add_policy(result.label, result.policy)
+    if self.comparison is not None:
+      self._compare()
+
+  def _policy_label(self, label, policy) -> str:
+    """The option that already holds `policy`, else `label`."""
+    return next((k for k, p in self.policies.items() if p is not None and p == policy), label)
+
+  def _add_policy(self, label, policy) -> str:
+    """`policy` among the options, once; returns its option."""
+    label = self._policy_label(label, policy)
+    if label not in self.policy.options:  # before the names picker, if any
+      self.policies[label] = policy
+      options = [o for o in self.policy.options if o != _NAMED] + [label]
+      self.policy.options = options + ([_NAMED] if _NAMED in self.policy.options else [])
+    return label
+
+  def _set_pareto_options(self, labels) -> None:
+    # Setting the options selects one: that is no pick of the user's.
+    self._picking = True
+    try:
+      self.pareto_pick.options = labels
+      shown = self.layout.value if self.layouts else self.policy.value
+      self.pareto_pick.value = shown if shown in labels else None
+    finally:
+      self._picking = False
+
+  def _pick_from_pareto(self, change) -> None:
+    label = change['new']
+    if self._picking or not label:
+      return
+    if self.layouts:  # a row is a layout, as written
+      self.layout.value = label
+      self.policy.value = self.policy.options[0]
+      return
+    if label not in self.policy.options and self.comparison is not None:
+      label = self._add_policy(label, self.comparison.row(label).policy)
+    self.policy.value = label
+
+  def _layout_changed(self, _) -> None:
+    self._expanded.clear()
+    try:
+      with self._settings.entered():
+        first = analyze(self.f, *self.args, argnums=self.argnums, **self.kwargs)
+    except Exception:  # refresh() shows the error
+      first = None
+    with self.block.hold_trait_notifications():
+      self._set_blocks(first)
+    self.refresh()
+    self._budget.learn_range()
+
+  def _block_changed(self, _) -> None:
+    self._expanded.clear()  # node ids are per drawing
+    self.refresh()
+
+  def _node_clicked(self, _) -> None:
+    """A click on a closed group (a module or function) or call (scan,
+    cond, jit, nested remat) opens it, a click on an opened one's cluster
+    closes it; other nodes draw the same."""
+    node = self.diagram.clicked
+    before = set(self._expanded)
+    self._expanded ^= {node}
+    try:
+      diagram = render_diagram(split_graph(self.current_report(), block=self.current_block(),
+                                           expand=self._expanded))
+    except Exception as e:
+      self._expanded = before
+      self._show_error(e)
+      return
+    if diagram.svg == self.diagram.svg:
+      self._expanded = before  # not a call: nothing to open
+    else:
+      self.diagram.svg = diagram.svg
+
+  # -- plumbing --------------------------------------------------------------------
+
+  def stop(self) -> None:
+    """Stop this Explorer's background work: what waits is dropped, what
+    runs ends unseen (a compile under way finishes on its thread). Running
+    the cell that made it again does this."""
+    self._work.stop()
+
+  def wait(self, timeout: float | None = None) -> None:
+    """Block until all background work (compiles, the comparison, a search
+    and what it starts) is done and shown; for scripts and tests. `timeout`
+    bounds the whole wait: past it, ``TimeoutError``."""
+    self._work.wait(timeout)
+
+  def _show_tasks(self, tasks) -> None:
+    self.progress.value = _panels.progress_html(tasks)
+
+  def _show_error(self, e: Exception, context: str = '') -> None:
+    message = error_text(e)
+    self.error.value = _panels.error_html(f'{context}: {message}' if context else message)
+
+  def _repr_mimebundle_(self, **kwargs):
+    # Front ends that run widgets show the widget; the others (an untrusted
+    # notebook, a notebook viewer, nbconvert) fall back to static HTML of
+    # what the widget shows when first displayed, the diagram as an image.
+    bundle = dict(self.widget._repr_mimebundle_(**kwargs))
+    bundle['text/html'] = self._static_html
+    return bundle
+
+
+def _comparison_html(comparison, selected, search_result) -> str:
+  """The Compare tab: the table (each policy's warnings in its row), each
+  checkpointed scan's schedule in theory and measured, the Pareto chart and
+  memory by policy."""
+  return (comparison_table_html(comparison)
+          + scan_layouts_html(comparison)
+          + chart_img(plot_pareto(comparison, selected=selected, search_result=search_result),
+                      'peak memory against FLOPs')
+          + chart_img(plot_memory_breakdown(comparison), 'memory by policy'))
