@@ -27,7 +27,7 @@ from remat_explorer.analysis.context import compiles_run  # noqa: E402
 from remat_explorer.analysis import (analyze, compare,  # noqa: E402
                                      compile_costs, search_policy)
 from remat_explorer.analysis.xla.collectives import KINDS  # noqa: E402
-from remat_explorer.viz import charts  # noqa: E402
+from remat_explorer.viz.charts import costs as charts  # noqa: E402
 
 cp = rx.checkpoint_policies
 MESHES = [(1, 1), (2, 1), (2, 2), (4, 2)]  # (data, model): 1, 2, 4, 8 devices

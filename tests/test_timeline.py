@@ -11,6 +11,7 @@ import pytest
 from jax.ad_checkpoint import print_saved_residuals
 
 from remat_explorer.analysis.xla.hlo import parse_hlo
+from remat_explorer.analysis.xla.reader import read_compiled
 from remat_explorer.analysis.xla.timeline import MemoryTimeline, memory_timeline, timeline_of
 
 
@@ -65,7 +66,7 @@ def compiled_grads():
 def test_peak_is_xlas_allocation(compiled_grads, name):
   compiled = compiled_grads[name]
   stats = compiled.memory_analysis()
-  timeline = memory_timeline(compiled)
+  timeline = memory_timeline(read_compiled(compiled))
   allocated = (stats.argument_size_in_bytes + stats.output_size_in_bytes
                + stats.temp_size_in_bytes - stats.alias_size_in_bytes)
   # The placed curve follows XLA's buffer assignment: its peak is what XLA
@@ -81,7 +82,7 @@ def test_peak_is_xlas_allocation(compiled_grads, name):
 
 @pytest.mark.parametrize('name', list(PROGRAMS))
 def test_live_bytes_are_consistent(compiled_grads, name):
-  timeline = memory_timeline(compiled_grads[name])
+  timeline = memory_timeline(read_compiled(compiled_grads[name]))
   assert len(timeline.live_bytes) == len(timeline.steps) == len(timeline.placed_bytes)
   assert all(b >= 0 for b in timeline.live_bytes)
   assert timeline.placed_bytes[timeline.peak_step] == timeline.peak_bytes
@@ -108,7 +109,7 @@ def _saved_residual_bytes(f, *args):
 
 
 def test_checkpointed_scan_holds_residuals_at_peak(compiled_grads):
-  timeline = memory_timeline(compiled_grads['scan_checkpointed'])
+  timeline = memory_timeline(read_compiled(compiled_grads['scan_checkpointed']))
   at_peak = timeline.residual_bytes_at(timeline.peak_step)
   assert at_peak > 0
   saved = _saved_residual_bytes(_scan_loss, *_args(16))
@@ -121,13 +122,13 @@ def test_checkpointed_scan_holds_residuals_at_peak(compiled_grads):
 
 def test_program_without_gradient_has_no_residuals():
   f, n = PROGRAMS['unrolled']
-  timeline = memory_timeline(jax.jit(f).lower(*_args(n)).compile())
+  timeline = memory_timeline(read_compiled(jax.jit(f).lower(*_args(n)).compile()))
   assert not any(b.is_residual for b in timeline.buffers)
   assert timeline.residual_bytes_at(timeline.peak_step) == 0
 
 
 def test_to_dict_round_trips_through_json(compiled_grads):
-  timeline = memory_timeline(compiled_grads['scan_checkpointed'])
+  timeline = memory_timeline(read_compiled(compiled_grads['scan_checkpointed']))
   data = timeline.to_dict()
   assert json.loads(json.dumps(data)) == data
   assert data['peak_bytes'] == timeline.peak_bytes
@@ -270,7 +271,7 @@ def test_donated_parameters_hand_their_storage_to_outputs():
   compiled = jax.jit(lambda a, b: (a * 2 + b, b),
                      donate_argnums=0).lower(x, x).compile()
   stats = compiled.memory_analysis()
-  timeline = memory_timeline(compiled)
+  timeline = memory_timeline(read_compiled(compiled))
   assert stats.alias_size_in_bytes > 0
   # Both parameters, the first one reused for `a * 2 + b`, and the copy of `b`
   # that XLA makes for the second output are live at once...
@@ -291,7 +292,7 @@ def test_scan_transformer_peak_is_xlas_allocation(policy):
       policy=getattr(checkpoint_policies, policy))
   compiled = jax.jit(jax.value_and_grad(loss_fn)).lower(*args).compile()
   stats = compiled.memory_analysis()
-  timeline = memory_timeline(compiled)
+  timeline = memory_timeline(read_compiled(compiled))
   assert timeline.peak_bytes == (stats.argument_size_in_bytes + stats.output_size_in_bytes
                                  + stats.temp_size_in_bytes - stats.alias_size_in_bytes)
   assert max(timeline.live_bytes) <= timeline.peak_bytes

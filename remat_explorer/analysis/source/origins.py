@@ -68,8 +68,8 @@ def _library_roots() -> tuple[str, ...]:
 
 
 # This package's example models are a user's code like any other.
-_OWN_EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))),
-                             'examples.py')
+_OWN_EXAMPLES = os.path.realpath(importlib.util.find_spec('remat_explorer').submodule_search_locations[0]
+                                 + '/examples.py')
 
 
 @functools.lru_cache(maxsize=4096)

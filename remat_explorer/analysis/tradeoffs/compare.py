@@ -344,7 +344,8 @@ _MATMULS = ('dot_general', 'conv_general_dilated')
 def recompute_eliminated(report: RematReport | None, costs: CompiledCosts) -> str | None:
   """Say so when the compiled program has fewer matmuls than the lowered one
   while the policy asks for matmuls to be recomputed."""
-  if report is None or costs.failed or costs.lowered_matmuls is None:
+  if (report is None or costs.failed or costs.lowered_matmuls is None
+      or costs.compiled_matmuls is None):
     return None
   recomputed = sum(1 for b in report.blocks if b.differentiated
                    for e in b.recomputed if e.primitive in _MATMULS)

@@ -1,11 +1,14 @@
 """XLA's compiled program: what the device really runs and holds.
 
-Above ``split``. ``hlo`` (with ``protowire``) is the one reader of XLA's
-output; every other module here consumes what it reads.
+Above ``split``. ``reader`` is the one reader of XLA's output; every other
+module here consumes the ``CompiledProgram`` it returns.
 
 * ``compiled``: ``compile_costs``, the training step compiled and measured.
-* ``hlo``: the optimized module, its buffer assignment and its op metadata,
-  read into typed objects; ``protowire`` decodes XLA's protos.
+* ``reader``: ``read_compiled``, the one reader of an executable:
+  ``hlo`` (the optimized module's text: instructions in schedule order,
+  loops and their trip counts, op metadata), ``buffers`` (XLA's buffer
+  assignment) and the stack table of ``hlo_provenance``, from the module's
+  protos (``protowire`` decodes them, ``xla_protos`` names their fields).
 * ``hlo_provenance``: where a buffer's value was computed (the Python stack
   XLA keeps per instruction, looked through loops, fusions and copies).
 * ``executed_flops``: the FLOPs executed, each loop body once per trip.

@@ -46,7 +46,6 @@ operation share after CSE counts as the recompute's.
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -56,7 +55,6 @@ KINDS = ('all-gather', 'reduce-scatter', 'all-reduce', 'all-to-all',
          'collective-permute')
 PHASES = ('forward', 'backward', 'recompute', 'unattributed')
 
-_TRIP_COUNT = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"(\d+)"')
 # Async wrappers name the computation they run in each of their parts.
 _FOLLOW_ONCE = {'async-update', 'async-done'}
 # Instructions that pass a value on without computing on it: look through
@@ -128,8 +126,8 @@ def collectives_in(module: HloModule) -> CollectiveSummary:
         continue
       trips, loop_unknown = 1, False
       if ins.opcode == 'while':
-        m = _TRIP_COUNT.search(ins.attrs)
-        trips, loop_unknown = (int(m.group(1)), False) if m else (1, True)
+        loop_unknown = ins.trip_count is None
+        trips = 1 if loop_unknown else ins.trip_count
       for called in ins.all_called():
         walk(called, times * trips, in_unknown_loop or loop_unknown, (*seen, name))
 

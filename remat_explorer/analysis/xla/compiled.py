@@ -35,7 +35,7 @@ from remat_explorer.analysis.program.problem import Problem, check_positions
 from remat_explorer.analysis.program.blocks import PolicyChoice, built_policy_choice, policy_label
 from remat_explorer.analysis.program.devices import compiled_placement, find_placement
 from remat_explorer.analysis.xla.executed_flops import executed_flops
-from remat_explorer.analysis.xla.hlo import parse_hlo
+from remat_explorer.analysis.xla.reader import read_compiled
 from remat_explorer.analysis.xla.timeline import MemoryTimeline, memory_timeline
 
 
@@ -352,19 +352,22 @@ def compile_step(step, leaves, *, function, policy, lowering, donate_argnums=(),
   memory = compiled.memory_analysis()
   memory_numbers, buffer_assignment = _memory_analysis_fields(memory)
   cost = _cost_analysis(compiled)
-  hlo = compiled.as_text()
   notes = list(notes)
   devices = compiled_placement(compiled, placement)
-  try:  # the timeline and the collectives are readings of XLA's text format
-    module = parse_hlo(hlo)
-    timeline = memory_timeline(compiled, module, memory)
-  except Exception as e:
-    module, timeline = None, None
-    notes.append(f'memory timeline unavailable: {type(e).__name__}: {e}')
-  executed = None
-  if module is not None:
+  try:  # every reading below is of this one object
+    program = read_compiled(compiled, memory)
+  except Exception as e:  # a text or proto this reader does not know
+    program = None
+    notes.append(f'compiled program unreadable: {type(e).__name__}: {e}')
+  module = None if program is None else program.module
+  timeline = executed = None
+  if program is not None:
     try:
-      executed = executed_flops(hlo, device, module)
+      timeline = memory_timeline(program)
+    except Exception as e:
+      notes.append(f'memory timeline unavailable: {type(e).__name__}: {e}')
+    try:
+      executed = executed_flops(module, device)
     except Exception as e:  # a text XLA's parser refuses: say so, keep the rest
       notes.append(f'executed FLOPs unavailable: {type(e).__name__}: {e}')
   if executed is not None and executed.unknown_trip_counts:
@@ -396,7 +399,7 @@ def compile_step(step, leaves, *, function, policy, lowering, donate_argnums=(),
       analysis_compile=analysis,
       lower_seconds=lower_seconds, compile_seconds=compile_seconds,
       lowered_matmuls=count_matmuls_lowered(lowered.as_text()),
-      compiled_matmuls=count_matmuls_compiled(hlo),
+      compiled_matmuls=module.matmul_count() if module else None,
       timeline=timeline, notes=tuple(notes), num_devices=devices.num_devices,
       mesh_shape=devices.mesh_shape, collectives=collectives)
   if not analysis:
@@ -516,15 +519,6 @@ def _own_peak(before: int | None, after: int | None, notes: list) -> int | None:
 # spare `re` backtracking through every long run after an '='.
 _LOWERED_MATMUL = re.compile(r'stablehlo\.(dot_general|dot|convolution)\b')
 _WORD_CHAR = re.compile(r'\w')
-_COMPILED_MATMUL = re.compile(
-    r'=\s*+\S++\s++(dot|convolution)\(|custom_call_target="__(cublas|cudnn)[^"]*"'
-    r'|"__triton_gemm"')
-
-
 def count_matmuls_lowered(stablehlo_text: str) -> int:
   return sum(1 for m in _LOWERED_MATMUL.finditer(stablehlo_text)
              if not (m.start() and _WORD_CHAR.match(stablehlo_text, m.start() - 1)))
-
-
-def count_matmuls_compiled(hlo_text: str) -> int:
-  return len(_COMPILED_MATMUL.findall(hlo_text))

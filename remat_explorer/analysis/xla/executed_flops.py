@@ -31,13 +31,9 @@ each term is XLA's own count of a computation of the optimized module.
 from __future__ import annotations
 
 import dataclasses
-import re
 
 from remat_explorer import engine
-from remat_explorer.analysis.xla.hlo import HloModule, parse_hlo
-
-_TRIP_COUNT = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"(\d+)"')
-_HEADER = re.compile(r'^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*->.*\{\s*$')
+from remat_explorer.analysis.xla.hlo import HloModule
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,12 +50,11 @@ class ExecutedFlops:
   """Loops whose trip count XLA did not infer: counted once."""
 
 
-def executed_flops(hlo_text: str, device, module: HloModule | None = None
-                   ) -> ExecutedFlops | None:
-  """The FLOPs the optimized module `hlo_text` executes on `device`, or None
-  where this jaxlib cannot run XLA's cost analysis on a module's text."""
-  module = module or parse_hlo(hlo_text)
-  counter = _Counter(hlo_text, module, device)
+def executed_flops(module: HloModule, device) -> ExecutedFlops | None:
+  """The FLOPs the optimized `module` (``hlo.parse_hlo``) executes on
+  `device`, or None where this jaxlib cannot run XLA's cost analysis on a
+  module's text."""
+  counter = _Counter(module, device)
   if counter.xla(module.entry) is None:
     return None
   high, low = counter.executed(module.entry)
@@ -68,11 +63,8 @@ def executed_flops(hlo_text: str, device, module: HloModule | None = None
 
 
 class _Counter:
-  def __init__(self, text: str, module: HloModule, device):
+  def __init__(self, module: HloModule, device):
     self.module, self.device = module, device
-    self.lines = text.splitlines()
-    self.headers = {m.group(2): i for i, line in enumerate(self.lines)
-                    if (m := _HEADER.match(line))}
     self.counted: dict[str, float | None] = {}
     self.runs: dict[str, tuple[float, float]] = {}
     self.loops = self.unknown = 0
@@ -80,7 +72,7 @@ class _Counter:
   def xla(self, name: str) -> float | None:
     """XLA's cost analysis of computation `name` as a module's entry."""
     if name not in self.counted:
-      self.counted[name] = engine.hlo_text_flops(self._as_entry(name), self.device)
+      self.counted[name] = engine.hlo_text_flops(self.module.as_entry(name), self.device)
     return self.counted[name]
 
   def executed(self, name: str) -> tuple[float, float]:
@@ -92,11 +84,11 @@ class _Counter:
         guard = _guards_recompute(instruction)
         if instruction.opcode == 'while':
           body = instruction.attr('body')
-          trips = _TRIP_COUNT.search(instruction.attrs)
+          trips = instruction.trip_count
           if not guard:
             self.loops += 1
             self.unknown += trips is None
-          runs = int(trips.group(1)) if trips else 1
+          runs = 1 if trips is None else trips
           counted = self.xla(body) or 0.0  # in `once` already
           body_high, body_low = self.executed(body)
           high += runs * body_high - counted
@@ -124,42 +116,6 @@ class _Counter:
             low += callee_low - counted
       self.runs[name] = high, low
     return self.runs[name]
-
-  def _as_entry(self, name: str) -> str:
-    """The module's text with `name` as its entry, keeping only what it
-    calls (fewer computations for XLA to parse)."""
-    keep = self._reachable(name)
-    out = [self.lines[0].split(',')[0]]  # `HloModule name`, no entry layout
-    current = None
-    for i, line in enumerate(self.lines[1:], 1):
-      if current is None:
-        m = _HEADER.match(line)
-        if m is None:
-          # Tables before the first computation (file names, stack frames).
-          if not self.headers or i < min(self.headers.values()):
-            out.append(line)
-          continue
-        current = m.group(2)
-        if current in keep:
-          header = line[len(m.group(1)):] if m.group(1) else line
-          out.append(('ENTRY ' + header) if current == name else header)
-      else:
-        if current in keep:
-          out.append(line)
-        if line.strip() == '}':
-          current = None
-    return '\n'.join(out) + '\n'
-
-  def _reachable(self, name: str) -> set[str]:
-    seen, todo = set(), [name]
-    while todo:
-      c = todo.pop()
-      if c in seen:
-        continue
-      seen.add(c)
-      for instruction in self.module.computations.get(c, []):
-        todo.extend(instruction.all_called())
-    return seen
 
 
 def _scope(instruction) -> str:

@@ -1,23 +1,12 @@
-"""The compiled program, read once: its HLO and XLA's buffer assignment.
+"""XLA's optimized module as text, parsed: what each computation runs.
 
-Two readings of one executable, shared by the memory timeline
-(``timeline.py``) and the collectives (``collectives.py``):
-
-* ``parse_hlo(compiled.as_text())``: the scheduled HLO module as text gives
-  each computation's instructions in the order they run, with their result
-  shapes (leaf sizes and memory spaces), operands, called computations and
-  the metadata JAX attaches (``op_name``, the name stack; ``source_file``
-  and ``source_line``).
-* ``read_placement(compiled)``: XLA's buffer assignment (the
-  ``serialized_buffer_assignment_proto`` of ``memory_analysis()``, keyed by
-  the instruction ids of the module's own proto): every logical buffer XLA
-  allocates, its size, the allocation it lives in and its offset there.
-  ``argument_size_in_bytes``, ``output_size_in_bytes`` and
-  ``temp_size_in_bytes`` are sums of these allocations' sizes.
-
-Both protos are read with a small reader of protobuf's wire format
-(``protowire.py``), since jaxlib ships no Python classes for them; only the
-fields named below are read, so fields a later XLA adds are skipped.
+``parse_hlo(compiled.as_text())`` gives each computation's instructions in
+the order they run, with their result shapes (leaf sizes and memory
+spaces), operands, called computations, loop trip counts and the metadata
+JAX attaches (``op_name``, the name stack; ``stack_frame_id``, or
+``source_file`` and ``source_line`` on older XLA), and keeps each
+computation's text so that one can be measured alone (``as_entry``).
+``reader.read_compiled`` reads it with the module's protos.
 """
 
 from __future__ import annotations
@@ -28,7 +17,6 @@ import re
 from typing import Any, NamedTuple, Union
 
 from remat_explorer.analysis.units import element_bits
-from remat_explorer.analysis.xla import protowire as wire
 from remat_explorer.engine import in_recompute
 
 
@@ -78,6 +66,21 @@ class Instruction:
   def attr(self, key: str) -> str | None:
     m = re.search(rf'\b{key}=%?([\w.\-]+)', self.attrs)
     return m.group(1) if m else None
+
+  @property
+  def is_matmul(self) -> bool:
+    """A ``dot`` or ``convolution``, or what a GPU backend makes of one: a
+    cuBLAS or cuDNN call, a Triton GEMM fusion."""
+    return (self.opcode in ('dot', 'convolution')
+            or (self.opcode == 'custom-call' and _LIBRARY_MATMUL.search(self.attrs) is not None)
+            or '"__triton_gemm"' in self.attrs)
+
+  @functools.cached_property
+  def trip_count(self) -> int | None:
+    """How often a ``while`` loop runs, where XLA inferred it
+    (``known_trip_count`` in its backend config); None otherwise."""
+    m = _TRIP_COUNT.search(self.attrs)
+    return int(m.group(1)) if m else None
 
   @property
   def tuple_index(self) -> int:
@@ -133,6 +136,8 @@ _OP_NAME = re.compile(r'\bop_name="((?:[^"\\]++|\\.)*+)"')
 _SOURCE_FILE = re.compile(r'\bsource_file="((?:[^"\\]++|\\.)*+)"')
 _SOURCE_LINE = re.compile(r'\bsource_line=(\d+)')
 _TUPLE_INDEX = re.compile(r'\bindex=(\d+)')
+_LIBRARY_MATMUL = re.compile(r'custom_call_target="__(cublas|cudnn)')
+_TRIP_COUNT = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"(\d+)"')
 _CALLED = re.compile(r'\b(?:calls|to_apply|body|condition|true_computation|'
                      r'false_computation)=%?([\w.\-]+)')
 _CALLED_GROUP = re.compile(r'\b(?:branch_computations|called_computations)'
@@ -159,10 +164,45 @@ class HloModule:
   """Each computation's instructions, in schedule order."""
   entry: str
   donations: tuple[Donation, ...] = ()
+  text: str = ''
+  """The module's text, as XLA printed it."""
+  spans: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
+  """Each computation's lines in ``text`` (first, past the last)."""
 
   @property
   def entry_instructions(self) -> list[Instruction]:
     return self.computations[self.entry]
+
+  def matmul_count(self) -> int:
+    """Matmuls in every computation of the module, fused ones included."""
+    return sum(i.is_matmul for instructions in self.computations.values()
+               for i in instructions)
+
+  def reachable(self, name: str) -> set[str]:
+    """Computation `name` and every computation it calls, fusions' included."""
+    seen, todo = set(), [name]
+    while todo:
+      c = todo.pop()
+      if c not in seen:
+        seen.add(c)
+        for instruction in self.computations.get(c, []):
+          todo.extend(instruction.all_called())
+    return seen
+
+  def as_entry(self, name: str) -> str:
+    """The module's text with computation `name` as its entry and only what
+    it calls: a module of its own that XLA can parse and measure."""
+    lines = self.text.splitlines()
+    first = min((start for start, _ in self.spans.values()), default=len(lines))
+    out = [lines[0].split(',')[0]]  # `HloModule name`, no entry layout
+    out += lines[1:first]  # tables before the first computation (files, frames)
+    for computation in sorted(self.reachable(name), key=lambda c: self.spans[c][0]):
+      start, stop = self.spans[computation]
+      header = _HEADER.match(lines[start])
+      line = lines[start][len(header.group(1)):] if header.group(1) else lines[start]
+      out.append('ENTRY ' + line if computation == name else line)
+      out += lines[start + 1:stop]
+    return '\n'.join(out) + '\n'
 
 
 def root(instructions: list[Instruction]) -> Instruction | None:
@@ -195,19 +235,22 @@ _PARENS = re.compile(r'[()]')
 def parse_hlo(text: str) -> HloModule:
   """The computations of an HLO module's text, its entry and its donations."""
   computations: dict[str, list[Instruction]] = {}
-  entry, current = '', None
-  for line in text.splitlines():
+  spans: dict[str, tuple[int, int]] = {}
+  entry, current, name, start = '', None, '', 0
+  for number, line in enumerate(text.splitlines()):
     if current is None:
       if m := _HEADER.match(line):
-        current = computations.setdefault(m.group(2), [])
-        entry = m.group(2) if m.group(1) else entry
+        name, start = m.group(2), number
+        current = computations.setdefault(name, [])
+        entry = name if m.group(1) else entry
     elif line.strip() == '}':
+      spans[name] = (start, number + 1)
       current = None
     elif m := _INSTR.match(line):
       current.append(_parse_instruction(line, m))
   if not entry:
     raise ValueError('no ENTRY computation in the HLO text')
-  return HloModule(computations, entry, tuple(_donations(text)))
+  return HloModule(computations, entry, tuple(_donations(text)), text, spans)
 
 
 def _donations(text: str) -> list[Donation]:
@@ -263,131 +306,3 @@ def _leaf(dtype: str, dims: str, layout: str | None) -> Leaf:
   for d in re.findall(r'\d+', dims):  # a dynamic '<=8' counts as its bound
     n *= int(d)
   return Leaf(n * element_bits(dtype) // 8, space, f'{dtype}[{dims}]S{space}')
-
-
-# -- XLA's buffer assignment -----------------------------------------------------
-
-ALLOCATION_KINDS = ('parameter', 'output', 'temp', 'constant', 'thread_local')
-
-
-@dataclasses.dataclass(frozen=True)
-class PlacedBuffer:
-  """One logical buffer as XLA placed it."""
-  computation: str
-  instruction: str
-  """The instruction that defines it (its name in the HLO text)."""
-  shape_index: tuple[int, ...]
-  """Which leaf of a tuple result; () for an array result."""
-  bytes: int
-  allocation: int
-  offset: int
-  """Where in its allocation it starts: buffers of one allocation whose
-  byte ranges overlap are never live at the same time."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Allocation:
-  index: int
-  bytes: int
-  kind: str
-  """One of ``ALLOCATION_KINDS``; a donated parameter's is ``parameter``."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Placement:
-  allocations: dict[int, Allocation]
-  buffers: tuple[PlacedBuffer, ...]
-
-  def bytes_of(self, kind: str) -> int:
-    return sum(a.bytes for a in self.allocations.values() if a.kind == kind)
-
-
-def read_placement(compiled, memory=None) -> Placement | None:
-  """XLA's buffer assignment of a compiled executable, or None where the
-  executable does not expose it (or its ids cannot be resolved).
-  `memory`: ``compiled.memory_analysis()``, where the caller has it."""
-  try:
-    memory = compiled.memory_analysis() if memory is None else memory
-    proto = memory.serialized_buffer_assignment_proto
-    modules = compiled.runtime_executable().hlo_modules()
-  except Exception:  # not every backend or JAX version exposes both
-    return None
-  if not proto or len(modules) != 1:
-    return None
-  module = modules[0].as_serialized_hlo_module_proto()
-  # Fusion computations hold most of a module's instructions but define no
-  # buffer of the assignment (their fusion instruction does), so they are
-  # read only if some buffer's instruction is not found without them.
-  placement = placement_from_protos(proto, _instruction_names(module, fused=False))
-  if placement is None:
-    placement = placement_from_protos(proto, _instruction_names(module))
-  return placement
-
-
-def placement_from_protos(assignment: bytes, names: dict[int, tuple[str, str]]
-                          ) -> Placement | None:
-  """Decode a ``BufferAssignmentProto``, naming each logical buffer's
-  defining instruction through `names` (instruction id -> (computation,
-  instruction))."""
-  data = assignment
-  logical = {}
-  allocations, placed = {}, []
-  for number, value in wire.fields(data, wire.whole(data), (1, 3)):
-    if number == 1:  # LogicalBufferProto: id 1, defined_at 3
-      buffer = wire.message(data, value, (1, 3))
-      # Its location: instruction id 4, shape index 3.
-      location = wire.message(data, buffer.get(3, [wire.EMPTY])[0], (3, 4))
-      instruction = names.get(wire.scalar(location, 4))
-      if instruction is None:
-        return None
-      logical[wire.scalar(buffer, 1)] = (
-          instruction, tuple(wire.packed(data, location.get(3, []))))
-    elif number == 3:  # BufferAllocationProto
-      allocation = wire.message(data, value, _ALLOCATION_FIELDS)
-      index = wire.scalar(allocation, 1)
-      allocations[index] = Allocation(index, wire.scalar(allocation, 2),
-                                      _allocation_kind(allocation))
-      for assigned in allocation.get(9, []):  # buffer id 1, offset 2, size 3
-        a = wire.message(data, assigned, (1, 2, 3))
-        placed.append((wire.scalar(a, 1), index, wire.scalar(a, 2), wire.scalar(a, 3)))
-  buffers = []
-  for buffer_id, index, offset, size in placed:
-    if buffer_id not in logical:
-      return None
-    (computation, instruction), shape_index = logical[buffer_id]
-    buffers.append(PlacedBuffer(computation, instruction, shape_index, size,
-                                index, offset))
-  return Placement(allocations, tuple(buffers))
-
-
-_ALLOCATION_FIELDS = (1, 2, 3, 5, 7, 9, 12)
-"""Index, size, is_thread_local, is_entry_computation_parameter,
-maybe_live_out, assigned (buffers), is_constant."""
-
-
-def _allocation_kind(allocation: dict) -> str:
-  if wire.scalar(allocation, 5):
-    return 'parameter'
-  if wire.scalar(allocation, 12):
-    return 'constant'
-  if wire.scalar(allocation, 3):
-    return 'thread_local'
-  return 'output' if wire.scalar(allocation, 7) else 'temp'
-
-
-def _instruction_names(module_proto: bytes, fused: bool = True
-                       ) -> dict[int, tuple[str, str]]:
-  """Instruction id -> (computation name, instruction name), from an
-  ``HloModuleProto`` (computations: field 3; their name 1, instructions 2
-  and is_fusion_computation 7; an instruction's name 1 and id 35), without
-  the fusion computations' instructions unless `fused`."""
-  data, names = module_proto, {}
-  for _, span in wire.fields(data, wire.whole(data), (3,)):
-    computation = wire.message(data, span, (1, 2, 7))
-    if not fused and wire.scalar(computation, 7):
-      continue
-    computation_name = wire.text(data, computation, 1)
-    for instruction in computation.get(2, []):
-      fields = wire.message(data, instruction, (1, 35))
-      names[wire.scalar(fields, 35)] = (computation_name, wire.text(data, fields, 1))
-  return names

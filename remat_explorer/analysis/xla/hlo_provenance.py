@@ -9,7 +9,8 @@ into a table of frames the module carries (``stack_frame_index`` of the
 instruction instead). Parameters carry the name JAX gave the argument
 (``op_name="leaves[4]"``).
 
-* ``read_stack_index``: that table, from the module's proto.
+* ``read_stack_index``: that table, from the module's proto (read once with
+  the rest of the program, ``reader.read_compiled``).
 * ``ModuleProvenance.computing_instruction``: the instruction that computed the value a
   buffer holds. A buffer is often defined by bookkeeping: a ``while`` (a
   value a loop stacks is written into its state by a
@@ -24,6 +25,7 @@ from __future__ import annotations
 import functools
 import re
 from remat_explorer.analysis.xla import protowire as wire
+from remat_explorer.analysis.xla import xla_protos as pb
 from remat_explorer.analysis.xla.hlo import HloModule, Instruction, root
 
 Frame = tuple[str, int, str]
@@ -60,37 +62,28 @@ def _entry(names: list[str], number: int) -> str:
 
 
 def read_stack_index(module_proto: bytes) -> StackIndex | None:
-  """The ``StackFrameIndexProto`` (field 17 of ``HloModuleProto``): file
-  names 1, function names 2, file locations 3 (file id 1, function id 2,
-  line 3) and stack frames 4 (location id 1, parent frame id 2); None
-  where the module has none."""
+  """The ``StackFrameIndexProto`` of an ``HloModuleProto``; None where the
+  module has none."""
   data = module_proto
-  spans = [v for _, v in wire.fields(data, wire.whole(data), (17,))]
+  spans = [v for _, v in wire.fields(data, wire.whole(data), (pb.HloModule.STACK_FRAME_INDEX,))]
   if not spans:
     return None
-  index = wire.message(data, spans[0], (1, 2, 3, 4))
-  files = [data[s:e].decode('utf-8', 'replace') for s, e in index.get(1, [])]
-  functions = [data[s:e].decode('utf-8', 'replace') for s, e in index.get(2, [])]
+  f, loc, fr = pb.StackFrameIndex, pb.FileLocation, pb.StackFrame
+  index = wire.message(data, spans[0], (f.FILE_NAMES, f.FUNCTION_NAMES, f.FILE_LOCATIONS,
+                                        f.STACK_FRAMES))
+  strings = lambda number: [data[s:e].decode('utf-8', 'replace')
+                            for s, e in index.get(number, [])]
   locations = []
-  for span in index.get(3, []):
-    location = wire.message(data, span, (1, 2, 3))
-    locations.append((wire.scalar(location, 1), wire.scalar(location, 2),
-                      wire.scalar(location, 3)))
+  for span in index.get(f.FILE_LOCATIONS, []):
+    location = wire.message(data, span, (loc.FILE_NAME_ID, loc.FUNCTION_NAME_ID, loc.LINE))
+    locations.append((wire.scalar(location, loc.FILE_NAME_ID),
+                      wire.scalar(location, loc.FUNCTION_NAME_ID),
+                      wire.scalar(location, loc.LINE)))
   frames = []
-  for span in index.get(4, []):
-    frame = wire.message(data, span, (1, 2))
-    frames.append((wire.scalar(frame, 1), wire.scalar(frame, 2)))
-  return StackIndex(files, functions, locations, frames)
-
-
-def module_proto_of(compiled) -> bytes | None:
-  """The optimized ``HloModuleProto`` of a compiled executable, or None
-  where the executable does not expose exactly one."""
-  try:
-    modules = compiled.runtime_executable().hlo_modules()
-  except Exception:  # not every backend or JAX version exposes it
-    return None
-  return modules[0].as_serialized_hlo_module_proto() if len(modules) == 1 else None
+  for span in index.get(f.STACK_FRAMES, []):
+    frame = wire.message(data, span, (fr.FILE_LOCATION_ID, fr.PARENT_FRAME_ID))
+    frames.append((wire.scalar(frame, fr.FILE_LOCATION_ID), wire.scalar(frame, fr.PARENT_FRAME_ID)))
+  return StackIndex(strings(f.FILE_NAMES), strings(f.FUNCTION_NAMES), locations, frames)
 
 
 def stack_of(instruction: Instruction, index: StackIndex | None) -> tuple[Frame, ...]:

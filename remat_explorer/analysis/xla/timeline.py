@@ -3,7 +3,7 @@
 Two curves over the entry computation's schedule (``compiled.as_text()``
 lists it in run order):
 
-* ``placed_bytes``: what XLA's buffer assignment (``hlo.read_placement``)
+* ``placed_bytes``: what XLA's buffer assignment (``buffers.py``)
   occupies at each step: every parameter and output allocation, and for
   each temporary allocation the top (offset + size) of the highest buffer
   live there (one run by the step, for the buffers of a loop body or other
@@ -36,9 +36,10 @@ from typing import Any
 
 import numpy as np
 
-from remat_explorer.analysis.xla.hlo import HloModule, Placement, parse_hlo, pass_of, read_placement
-from remat_explorer.analysis.xla.hlo_provenance import (ModuleProvenance, StackIndex,
-                                                    module_proto_of, read_stack_index)
+from remat_explorer.analysis.xla.buffers import BufferAssignment
+from remat_explorer.analysis.xla.hlo import HloModule, pass_of
+from remat_explorer.analysis.xla.hlo_provenance import ModuleProvenance, StackIndex
+from remat_explorer.analysis.xla.reader import CompiledProgram
 from remat_explorer.analysis.xla.liveness import (LiveBuffer, live_bytes, live_ranges,
                                               peak_temporaries)
 from remat_explorer.analysis.split.report import plain_data
@@ -139,18 +140,12 @@ class MemoryTimeline:
             'peak_bytes': self.peak_bytes, 'peak_step': self.peak_step}
 
 
-def memory_timeline(compiled, module: HloModule | None = None,
-                    memory=None) -> MemoryTimeline:
-  """The timeline of ``jax.jit(f).lower(*args).compile()``; `module` is
-  ``parse_hlo(compiled.as_text())`` and `memory` is
-  ``compiled.memory_analysis()``, where the caller has them already."""
-  module = module or parse_hlo(compiled.as_text())
-  proto = module_proto_of(compiled)
-  stacks = None if proto is None else read_stack_index(proto)
-  return timeline_of(module, read_placement(compiled, memory), stacks)
+def memory_timeline(program: CompiledProgram) -> MemoryTimeline:
+  """The timeline of a compiled program (``reader.read_compiled``)."""
+  return timeline_of(program.module, program.buffers, program.stacks)
 
 
-def timeline_of(module: HloModule, placement: Placement | None = None,
+def timeline_of(module: HloModule, placement: BufferAssignment | None = None,
                 stacks: StackIndex | None = None) -> MemoryTimeline:
   """The timeline of a parsed HLO module, placed as `placement` says;
   `stacks`: the module's stack frames, where known."""
@@ -250,7 +245,7 @@ def _placed_temp_buffers(placement) -> dict[str, dict]:
   return placed
 
 
-def _placed_bytes(module: HloModule, placement: Placement,
+def _placed_bytes(module: HloModule, placement: BufferAssignment,
                   found: list[LiveBuffer]) -> list[int]:
   steps = len(module.entry_instructions)
   ranges = {(b.instruction, b.shape_index): (b.start, b.end)
