@@ -151,12 +151,7 @@ def _partial_eval(trace, *tracers, jaxpr, prevent_cse, **params):
   split = split_jaxpr(jaxpr, in_unknowns, _checked_policy(params['policy']),
                       params['ref_effects'])
   _note_split(jaxpr, in_unknowns, split, params)
-
-  known_values = [t.pval.get_known() for t in tracers if t.pval.is_known()]
-  known_values = [v for v, used in zip(known_values, split.known_inputs_used) if used]
-  known_outs_and_res = core.eval_jaxpr(split.known, (), *known_values)
-  known_outs, residuals = jx.split_list(
-      known_outs_and_res, [len(known_outs_and_res) - split.num_residuals])
+  known_outs, residuals = _run_forward_pass(split, tracers)
 
   staged_tracers = [t for t, used in zip(tracers, split.staged_inputs_used) if used]
   # Residuals are what the recompute starts from: protect them too.
@@ -168,13 +163,27 @@ def _partial_eval(trace, *tracers, jaxpr, prevent_cse, **params):
   out_tracers = _stage(trace, split.staged, staged_params,
                        [*map(trace.new_instantiated_const, residuals),
                         *map(trace.instantiate_const, staged_tracers)])
+  _log_what_is_saved(split, in_unknowns)
+  return jx.merge_lists(list(split.out_unknowns), known_outs, out_tracers)
 
+
+def _run_forward_pass(split, tracers):
+  """Evaluate the known jaxpr on the known inputs it reads: the block's
+  known outputs, and the residuals."""
+  known_values = [t.pval.get_known() for t in tracers if t.pval.is_known()]
+  read = [v for v, used in zip(known_values, split.known_inputs_used) if used]
+  outs_then_residuals = core.eval_jaxpr(split.known, (), *read)
+  return jx.split_list(outs_then_residuals,
+                       [len(outs_then_residuals) - split.num_residuals])
+
+
+def _log_what_is_saved(split, in_unknowns):
+  # A warning when JAX's `jax_log_checkpoint_residuals` is on, as for
+  # `jax.checkpoint`; otherwise a debug message.
   level = logging.WARNING if jx.log_checkpoint_residuals_enabled() else logging.DEBUG
   if logger.isEnabledFor(level):
     staged_unknowns = [u for u, used in zip(in_unknowns, split.staged_inputs_used) if used]
     log_residuals(level, logger, split, staged_unknowns)
-
-  return jx.merge_lists(list(split.out_unknowns), known_outs, out_tracers)
 
 
 def _stage(trace, jaxpr, params, in_tracers):
@@ -392,7 +401,10 @@ def _transposed_jaxpr(closed_jaxpr, in_linear, out_zeros):
 
   Its inputs are the non-linear inputs, then the nonzero output cotangents.
   Inside, the non-linear part is recomputed first; the linear rest, which
-  reads what the recompute produced, is then transposed.
+  reads what the recompute produced, is then transposed. JAX's
+  ``backward_pass`` takes only linear equations (other values come in as
+  given inputs), so the body is first cut in two with
+  ``partial_eval_jaxpr_nounits``, and only the linear part goes through it.
   """
   # Splitting is jaxpr work, done once here rather than while tracing. JAX's
   # ref checks (no ref returned, no aliasing) are off for it, as in JAX's own
