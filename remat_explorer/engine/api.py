@@ -310,6 +310,10 @@ class _Block:
 
   @classmethod
   def of_call(cls, fun, static_argnums, static_argnames, args, kwargs) -> _Block:
+    """Trace `fun` for this call. The steps are those any JAX transformation
+    takes to trace a user's function: describe the call (names for errors
+    and for arguments), take out the static arguments, flatten the rest,
+    refuse views of refs (`ref.at[...]`), and trace on their types."""
     # Positions are checked against this call's arguments before anything
     # else looks at them: the error then names `static_argnums`.
     _check_static_argnums_in_range(static_argnums, len(args))
