@@ -7,6 +7,7 @@ the ``checkpoint`` primitive on it. Signatures and behaviour follow
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from collections.abc import Callable, Iterable, Sequence
@@ -123,24 +124,15 @@ def checkpoint(fun: Callable, *, prevent_cse: bool | Sequence[bool] = True,
   @functools.wraps(fun)
   @jx.api_boundary
   def checkpointed(*args, **kwargs):
-    _check_static_argnums_in_range(static_argnums, len(args))
-    dbg = jx.api_util.debug_info('checkpoint / remat', fun, args, kwargs,
-                                 static_argnums=static_argnums)
-    traced_fun, dynamic_args, dynamic_kwargs = _split_static_args(
-        fun, static_argnums, static_argnames, args, kwargs)
-    flat_args, in_tree = jx.tracing_registry.flatten((dynamic_args, dynamic_kwargs))
-    jx.api_util.check_no_transformed_refs_args(lambda: dbg, flat_args)
-    in_avals = tuple(core.shaped_abstractify(x) for x in flat_args)
-    jaxpr, consts, out_tree = _trace(traced_fun, in_tree, in_avals, dbg)
+    block = _Block.of_call(fun, static_argnums, static_argnames, args, kwargs)
     if ref_effects == 'replay':
-      check_replay_is_sound(jaxpr, dbg.func_name)
-    cse = _per_input_prevent_cse(prevent_cse, len(consts), dynamic_args,
-                                 dynamic_kwargs)
-    outs = checkpoint_p.bind(*consts, *flat_args, jaxpr=jaxpr, prevent_cse=cse,
-                             differentiated=False, policy=policy,
-                             lowering=current_strategy(lowering),
-                             ref_effects=ref_effects)
-    return jax.tree_util.tree_unflatten(out_tree, outs)
+      check_replay_is_sound(block.body, block.name)
+    outs = checkpoint_p.bind(
+        *block.inputs, jaxpr=block.body,
+        prevent_cse=block.prevent_cse_per_input(prevent_cse),
+        differentiated=False, policy=policy,
+        lowering=current_strategy(lowering), ref_effects=ref_effects)
+    return jax.tree_util.tree_unflatten(block.out_tree, outs)
 
   return checkpointed
 
@@ -212,18 +204,6 @@ def _check_static_argnums_in_range(static_argnums, num_args):
       f'the `static_argnums` argument of checkpoint, {static_argnums}, names '
       f'position(s) {missing}, but the call passes {num_args} positional '
       f'argument(s): {allowed}.')
-
-
-def _per_input_prevent_cse(prevent_cse, num_consts, dynamic_args, dynamic_kwargs):
-  """One flag per input of the bound jaxpr: constants never need protecting;
-  the traced arguments take theirs from `prevent_cse` as a pytree prefix."""
-  if isinstance(prevent_cse, bool):
-    return prevent_cse
-  # Without keyword arguments `prevent_cse` is a prefix of the positional
-  # ones; with them, of the pair (positional, keyword), as in JAX.
-  tree = ((tuple(dynamic_args), dynamic_kwargs) if dynamic_kwargs
-          else tuple(dynamic_args))
-  return (False,) * num_consts + tuple(jx.broadcast_prefix(prevent_cse, tree))
 
 
 # -- static arguments ---------------------------------------------------------
@@ -311,25 +291,87 @@ def _reinserting_uncached(fun, statics: _Statics):
 _reinserting = jx.weakref_lru_cache(_reinserting_uncached)
 
 
-# -- tracing ------------------------------------------------------------------
+# -- one call, as the block it binds --------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class _Block:
+  """A call of a checkpointed function, traced into the block it binds."""
+  name: str
+  """The function's name, for messages."""
+  body: core.Jaxpr
+  """Inputs: the function's constants, then one per leaf of the traced
+  arguments."""
+  consts: Sequence[Any]
+  leaves: Sequence[Any]
+  """The leaves of the traced arguments, static ones taken out."""
+  traced_args: tuple
+  traced_kwargs: dict
+  out_tree: Any
+
+  @classmethod
+  def of_call(cls, fun, static_argnums, static_argnames, args, kwargs) -> _Block:
+    """Trace `fun` for this call. The steps are those any JAX transformation
+    takes to trace a user's function: describe the call (names for errors
+    and for arguments), take out the static arguments, flatten the rest,
+    refuse views of refs (`ref.at[...]`), and trace on their types."""
+    # Positions are checked against this call's arguments before anything
+    # else looks at them: the error then names `static_argnums`.
+    _check_static_argnums_in_range(static_argnums, len(args))
+    dbg = jx.api_util.debug_info('checkpoint / remat', fun, args, kwargs,
+                                 static_argnums=static_argnums)
+    fun_of_traced, traced_args, traced_kwargs = _split_static_args(
+        fun, static_argnums, static_argnames, args, kwargs)
+    leaves, in_tree = jx.tracing_registry.flatten((traced_args, traced_kwargs))
+    jx.api_util.check_no_transformed_refs_args(lambda: dbg, leaves)
+    in_avals = tuple(core.shaped_abstractify(x) for x in leaves)
+    body, consts, out_tree = _trace(fun_of_traced, in_tree, in_avals, dbg)
+    return cls(dbg.func_name, body, consts, leaves, tuple(traced_args),
+               traced_kwargs, out_tree)
+
+  @property
+  def inputs(self) -> list:
+    return [*self.consts, *self.leaves]
+
+  def prevent_cse_per_input(self, prevent_cse):
+    """`prevent_cse` as the primitive takes it: a bool as it is, or one flag
+    per input. The function's constants never need protecting; the leaves
+    take their flags from `prevent_cse` as a pytree prefix of the traced
+    positional arguments, or, when keyword arguments are traced too, of the
+    pair (positional, keyword), as in JAX."""
+    if isinstance(prevent_cse, bool):
+      return prevent_cse
+    tree = ((self.traced_args, self.traced_kwargs) if self.traced_kwargs
+            else self.traced_args)
+    return (False,) * len(self.consts) + tuple(jx.broadcast_prefix(prevent_cse, tree))
+
 
 @jx.weakref_lru_cache
 def _trace(fun, in_tree, in_avals, dbg):
-  """`fun`'s jaxpr, its constants as leading inputs; the constants; and the
-  tree of its outputs. Cached on `fun` and the abstract arguments."""
-  try:
+  """`fun`'s body as the primitive takes it, its constants, and the tree of
+  its outputs. Cached on `fun` and the abstract arguments, so a function
+  called again on arguments of the same types is not traced again.
+
+  Tracing returns a jaxpr closed over its constants; the primitive's body
+  closes over nothing, so they become its leading inputs.
+  """
+  with _static_argnums_hint():
     closed, out_avals = pe.trace_to_jaxpr(
         fun, jx.flat_tree_of(in_avals, in_tree), dbg)
-  except core.ConcretizationTypeError as e:
-    _suggest_static_argnums(e)
-    raise
   return pe.convert_constvars_jaxpr(closed.jaxpr), closed.consts, out_avals.tree
 
 
-def _suggest_static_argnums(error) -> None:
-  """Append the usual way out to a concretization error from our trace."""
-  message, = error.args
-  # The message names what the function was being traced for; ours is the
-  # 'checkpoint / remat' of the debug info made in `checkpoint`.
-  if 'for checkpoint' in message:
-    error.args = (f'{message}\n\n{_STATIC_ARGNUMS_HINT}',)
+@contextlib.contextmanager
+def _static_argnums_hint():
+  """Append the usual way out to a concretization error from our trace.
+
+  Such an error names what the function was being traced for; ours says
+  'checkpoint / remat' (the debug info made in `_Block.of_call`), so only
+  errors about the checkpointed function itself get the hint.
+  """
+  try:
+    yield
+  except core.ConcretizationTypeError as error:
+    message, = error.args
+    if 'for checkpoint' in message:
+      error.args = (f'{message}\n\n{_STATIC_ARGNUMS_HINT}',)
+    raise

@@ -95,14 +95,20 @@ def _protected_inputs(prevent_cse, num_inputs) -> tuple[bool, ...]:
 
 
 def _lower_body(ctx, jaxpr, inputs):
-  """Emit the block's equations in place, under a `checkpoint` name scope,
-  threading the effect tokens through them."""
-  outs, tokens = mlir.jaxpr_subcomp(
-      ctx.module_context, jaxpr, ctx.name_stack.extend(CHECKPOINT_LOWERING_SCOPE),
-      ctx.tokens_in, (), *inputs,
+  """Emit the block's equations in place, under a `checkpoint` name scope.
+
+  ``jaxpr_subcomp`` is JAX's one way for a lowering rule to inline a jaxpr,
+  and its arguments are fixed by that: everything the enclosing lowering
+  carries (effect tokens in, shape variables, how constants are lowered,
+  the caller's traceback) goes in, no constants do (a body closes over
+  none), and the tokens the body's effects leave become this equation's.
+  """
+  scope = ctx.name_stack.extend(CHECKPOINT_LOWERING_SCOPE)
+  outs, tokens_after_body = mlir.jaxpr_subcomp(
+      ctx.module_context, jaxpr, scope, ctx.tokens_in, (), *inputs,
       dim_var_values=ctx.dim_var_values, const_lowering=ctx.const_lowering,
       outer_traceback=ctx.traceback)
-  ctx.set_tokens_out(tokens)
+  ctx.set_tokens_out(tokens_after_body)
   return outs
 
 

@@ -134,14 +134,15 @@ class SaveFromBothPolicies:
   second: object
 
   def __call__(self, prim, *avals, **params) -> bool:
-    a = self.first(prim, *avals, **params)
-    b = self.second(prim, *avals, **params)
-    if not (isinstance(a, bool) and isinstance(b, bool)):
+    # Both are always asked, so a policy that cannot be combined is reported
+    # whichever way the other answers.
+    answers = [policy(prim, *avals, **params) for policy in (self.first, self.second)]
+    if not all(isinstance(answer, bool) for answer in answers):
       raise ValueError(
           'save_from_both_policies combines policies that answer True/False, '
-          f'but got {a!r} and {b!r}. Write a custom policy for policies that '
-          'answer Saveable/Recompute/Offloadable.')
-    return a or b
+          f'but got {answers[0]!r} and {answers[1]!r}. Write a custom policy '
+          'for policies that answer Saveable/Recompute/Offloadable.')
+    return any(answers)
 
 
 def save_from_both_policies(policy_1, policy_2) -> SaveFromBothPolicies:

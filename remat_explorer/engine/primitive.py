@@ -81,6 +81,25 @@ def _derived_prevent_cse(prevent_cse, *, keep=None, before=(), after=()):
   return (*before, *prevent_cse, *after)
 
 
+def _bind_on(body, args, *, prevent_cse, derived_from=None, **params):
+  """Bind a block running `body` on `args`; return its outputs.
+
+  The rules below derive a block from another by transforming its body
+  (JVP, batching, transposition), and JAX hands back the transformed body
+  closed over constants of its own. A block's body closes over nothing, so
+  those constants become its leading inputs; they come from the rule, not
+  from the user's program, and are left unprotected. `prevent_cse` covers
+  `args`. `derived_from` is the body the new one derives from, for
+  ``observe_splits``.
+  """
+  jaxpr = pe.convert_constvars_jaxpr(body.jaxpr)
+  if derived_from is not None:
+    _note_derived(jaxpr, derived_from)
+  prevent_cse = _derived_prevent_cse(prevent_cse, before=(False,) * len(body.consts))
+  return checkpoint_p.bind(*body.consts, *args, jaxpr=jaxpr,
+                           prevent_cse=prevent_cse, **params)
+
+
 # -- impl and abstract eval ---------------------------------------------------
 
 @checkpoint_p.def_impl
@@ -98,22 +117,27 @@ def _abstract_eval(*args, jaxpr, **params):
 # -- JVP ----------------------------------------------------------------------
 
 def _jvp(primals, tangents, *, jaxpr, prevent_cse, **params):
-  nonzero = [not isinstance(t, jx.ad_util.Zero) for t in tangents]
-  jvp_closed, out_nonzero = ad.jvp_jaxpr(pe.close_jaxpr(jaxpr), nonzero, False)
-  jvp_jaxpr = pe.convert_constvars_jaxpr(jvp_closed.jaxpr)
-  _note_derived(jvp_jaxpr, jaxpr)
-  nonzero_tangents = [t for t, nz in zip(tangents, nonzero) if nz]
-  # Constants need no protection; the tangents are always protected.
-  prevent_cse = _derived_prevent_cse(
-      prevent_cse, before=(False,) * len(jvp_closed.consts),
-      after=(True,) * len(nonzero_tangents))
-  outs = checkpoint_p.bind(
-      *jvp_closed.consts, *primals, *nonzero_tangents, jaxpr=jvp_jaxpr,
-      prevent_cse=prevent_cse, **params)
-  out_primals, out_nonzero_tangents = jx.split_list(outs, [len(jaxpr.outvars)])
-  # Outputs whose tangent is known to be zero get a symbolic zero.
-  zeros = [jx.ad_util.p2tz(p) for p, nz in zip(out_primals, out_nonzero) if not nz]
-  return out_primals, jx.merge_lists(out_nonzero, zeros, out_nonzero_tangents)
+  """The JVP of a block is one block: primals and tangents in, primals and
+  tangents out, its body the JVP of the body.
+
+  Symbolic zero tangents are not passed in, and the body says which output
+  tangents are symbolically zero; those are not computed, but made here.
+  """
+  has_tangent = [not _is_symbolic_zero(t) for t in tangents]
+  body, out_has_tangent = ad.jvp_jaxpr(pe.close_jaxpr(jaxpr), has_tangent, False)
+  given = [t for t in tangents if not _is_symbolic_zero(t)]
+  # The recompute reads the tangents as it reads the primals: protect them.
+  outs = _bind_on(body, [*primals, *given], derived_from=jaxpr,
+                  prevent_cse=_derived_prevent_cse(prevent_cse, after=(True,) * len(given)),
+                  **params)
+  out_primals, computed_tangents = jx.split_list(outs, [len(jaxpr.outvars)])
+  zero_tangents = [jx.ad_util.p2tz(primal) for primal, has
+                   in zip(out_primals, out_has_tangent) if not has]
+  return out_primals, jx.merge_lists(out_has_tangent, zero_tangents, computed_tangents)
+
+
+def _is_symbolic_zero(value) -> bool:
+  return isinstance(value, jx.ad_util.Zero)
 
 ad.primitive_jvps[checkpoint_p] = _jvp
 
@@ -127,12 +151,7 @@ def _partial_eval(trace, *tracers, jaxpr, prevent_cse, **params):
   split = split_jaxpr(jaxpr, in_unknowns, _checked_policy(params['policy']),
                       params['ref_effects'])
   _note_split(jaxpr, in_unknowns, split, params)
-
-  known_values = [t.pval.get_known() for t in tracers if t.pval.is_known()]
-  known_values = [v for v, used in zip(known_values, split.known_inputs_used) if used]
-  known_outs_and_res = core.eval_jaxpr(split.known, (), *known_values)
-  known_outs, residuals = jx.split_list(
-      known_outs_and_res, [len(known_outs_and_res) - split.num_residuals])
+  known_outs, residuals = _run_forward_pass(split, tracers)
 
   staged_tracers = [t for t, used in zip(tracers, split.staged_inputs_used) if used]
   # Residuals are what the recompute starts from: protect them too.
@@ -144,13 +163,27 @@ def _partial_eval(trace, *tracers, jaxpr, prevent_cse, **params):
   out_tracers = _stage(trace, split.staged, staged_params,
                        [*map(trace.new_instantiated_const, residuals),
                         *map(trace.instantiate_const, staged_tracers)])
+  _log_what_is_saved(split, in_unknowns)
+  return jx.merge_lists(list(split.out_unknowns), known_outs, out_tracers)
 
+
+def _run_forward_pass(split, tracers):
+  """Evaluate the known jaxpr on the known inputs it reads: the block's
+  known outputs, and the residuals."""
+  known_values = [t.pval.get_known() for t in tracers if t.pval.is_known()]
+  read = [v for v, used in zip(known_values, split.known_inputs_used) if used]
+  outs_then_residuals = core.eval_jaxpr(split.known, (), *read)
+  return jx.split_list(outs_then_residuals,
+                       [len(outs_then_residuals) - split.num_residuals])
+
+
+def _log_what_is_saved(split, in_unknowns):
+  # A warning when JAX's `jax_log_checkpoint_residuals` is on, as for
+  # `jax.checkpoint`; otherwise a debug message.
   level = logging.WARNING if jx.log_checkpoint_residuals_enabled() else logging.DEBUG
   if logger.isEnabledFor(level):
     staged_unknowns = [u for u, used in zip(in_unknowns, split.staged_inputs_used) if used]
     log_residuals(level, logger, split, staged_unknowns)
-
-  return jx.merge_lists(list(split.out_unknowns), known_outs, out_tracers)
 
 
 def _stage(trace, jaxpr, params, in_tracers):
@@ -345,18 +378,16 @@ def _transpose(out_cts, *args, jaxpr, prevent_cse, **params):
   args = [ad.UndefinedPrimal(x.aval) if isinstance(x, ad.GradAccum) else x
           for x in args]
   in_linear = tuple(ad.is_undefined_primal(x) for x in args)
-  out_zeros = tuple(isinstance(ct, jx.ad_util.Zero) for ct in out_cts)
+  out_zeros = tuple(_is_symbolic_zero(ct) for ct in out_cts)
   transposed, in_cts_are_zero = _transposed_jaxpr(
       pe.close_jaxpr(jaxpr), in_linear, out_zeros)
   nonlinear_args = [x for x, lin in zip(args, in_linear) if not lin]
   nonzero_cts = [ct for ct, zero in zip(out_cts, out_zeros) if not zero]
   prevent_cse = _derived_prevent_cse(
       prevent_cse, keep=[not lin for lin in in_linear],
-      before=(False,) * len(transposed.consts), after=(True,) * len(nonzero_cts))
-  in_cts = checkpoint_p.bind(
-      *transposed.consts, *nonlinear_args, *nonzero_cts,
-      jaxpr=pe.convert_constvars_jaxpr(transposed.jaxpr),
-      prevent_cse=prevent_cse, **params)
+      after=(True,) * len(nonzero_cts))
+  in_cts = _bind_on(transposed, [*nonlinear_args, *nonzero_cts],
+                    prevent_cse=prevent_cse, **params)
   in_cts = iter(in_cts)
   for accumulator, is_zero in zip(accumulators, in_cts_are_zero):
     if not is_zero:
@@ -370,7 +401,10 @@ def _transposed_jaxpr(closed_jaxpr, in_linear, out_zeros):
 
   Its inputs are the non-linear inputs, then the nonzero output cotangents.
   Inside, the non-linear part is recomputed first; the linear rest, which
-  reads what the recompute produced, is then transposed.
+  reads what the recompute produced, is then transposed. JAX's
+  ``backward_pass`` takes only linear equations (other values come in as
+  given inputs), so the body is first cut in two with
+  ``partial_eval_jaxpr_nounits``, and only the linear part goes through it.
   """
   # Splitting is jaxpr work, done once here rather than while tracing. JAX's
   # ref checks (no ref returned, no aliasing) are off for it, as in JAX's own
@@ -423,16 +457,14 @@ ad.fancy_transposes[checkpoint_p] = _transpose
 # -- vmap ---------------------------------------------------------------------
 
 def _vmap(axis_data, args, dims, *, jaxpr, **params):
-  batched, out_batched = batching.batch_jaxpr_axes(
-      pe.close_jaxpr(jaxpr), axis_data, dims,
-      [batching.zero_if_mapped] * len(jaxpr.outvars))
-  batched_jaxpr = pe.convert_constvars_jaxpr(batched.jaxpr)
-  _note_derived(batched_jaxpr, jaxpr)
-  prevent_cse = _derived_prevent_cse(
-      params.pop('prevent_cse'), before=(False,) * len(batched.consts))
-  outs = checkpoint_p.bind(*batched.consts, *args, jaxpr=batched_jaxpr,
-                           prevent_cse=prevent_cse, **params)
-  return outs, [0 if b else None for b in out_batched]
+  """The batched block is one block running the batched body, so what it
+  saves is still decided when it is differentiated. Each output the body
+  batches has its batch axis first; the others are not batched."""
+  batch_axis_first = [batching.zero_if_mapped] * len(jaxpr.outvars)
+  body, out_batched = batching.batch_jaxpr_axes(
+      pe.close_jaxpr(jaxpr), axis_data, dims, batch_axis_first)
+  outs = _bind_on(body, args, derived_from=jaxpr, **params)
+  return outs, [0 if batched else None for batched in out_batched]
 
 batching.fancy_primitive_batchers[checkpoint_p] = _vmap
 
@@ -487,19 +519,26 @@ mlir.register_lowering(checkpoint_p, lower_checkpoint)
 
 @jx.discharge.register_discharge_rule(checkpoint_p)
 def _discharge_state(in_avals, out_avals, *args, jaxpr, **params):
-  """Run the block on the values of its ref inputs instead of the refs.
+  """The block run on the values its ref inputs hold instead of the refs.
 
-  The discharged body returns, after the block's outputs, the final value
-  of each ref input, in input order; each becomes that ref's new value.
+  Its body, discharged, takes each ref's value where it took the ref, and
+  returns after the block's outputs the value each ref ends with. What the
+  rule gives back is fixed by JAX's discharge: each input's new value, then
+  the block's outputs.
   """
   del out_avals
-  body = _discharged_body(jaxpr)
-  results = checkpoint_p.bind(*args, jaxpr=body, **params)
-  num_outs = len(jaxpr.outvars)
-  outs, final_ref_values = results[:num_outs], results[num_outs:]
-  is_ref = [isinstance(a, jx.AbstractRef) for a in in_avals]
-  not_refs = [None] * is_ref.count(False)  # inputs that are not refs keep theirs
-  return jx.merge_lists(is_ref, not_refs, final_ref_values), outs
+  outs_and_final_values = checkpoint_p.bind(*args, jaxpr=_discharged_body(jaxpr),
+                                            **params)
+  outs, final_values = jx.split_list(outs_and_final_values, [len(jaxpr.outvars)])
+  return _new_input_values(in_avals, final_values), outs
+
+
+def _new_input_values(in_avals, final_ref_values) -> list:
+  """Per input of the block, what it holds afterwards: a ref, its final
+  value (they come in input order); any other input, None (unchanged)."""
+  is_ref = [isinstance(aval, jx.AbstractRef) for aval in in_avals]
+  unchanged = [None] * is_ref.count(False)
+  return jx.merge_lists(is_ref, unchanged, final_ref_values)
 
 
 def _discharged_body(jaxpr):
@@ -522,17 +561,24 @@ def _is_high(*_, jaxpr, **__) -> bool:
 checkpoint_p.is_high = _is_high
 
 
-def _lo_values(aval, value) -> list:
-  """The low-level values that stand for one high-level argument."""
-  return aval.read_loval(value) if aval.has_qdd else aval.lower_val(value)
-
-
 def _to_lojax(*hi_args, jaxpr, **params):
+  """The same block over low-level values: its body lowered to low-level
+  types, each high-level argument replaced by the values standing for it.
+
+  `prevent_cse` is passed on as it is, as JAX's own rule does: a bool
+  covers any inputs, and per-input flags are not regrouped per low-level
+  value (nor extended to the lowered body's constants).
+  """
   lo_body = pe.lower_jaxpr2(pe.close_jaxpr(jaxpr))
-  lo_args = [lo for aval, x in zip(jaxpr.in_aval_qdds, hi_args)
-             for lo in _lo_values(aval, x)]
-  return checkpoint_p.bind(*lo_body.consts, *lo_args,
+  return checkpoint_p.bind(*lo_body.consts, *_lo_args(jaxpr, hi_args),
                            jaxpr=pe.convert_constvars_jaxpr(lo_body.jaxpr),
                            **params)
+
+
+def _lo_args(jaxpr, hi_args) -> list:
+  """The low-level values standing for `hi_args`, in order: a value with
+  mutable state (qdd) gives its current state; any other, its lowering."""
+  return [lo for aval, x in zip(jaxpr.in_aval_qdds, hi_args)
+          for lo in (aval.read_loval(x) if aval.has_qdd else aval.lower_val(x))]
 
 checkpoint_p.to_lojax = _to_lojax

@@ -23,27 +23,32 @@ def saved_residuals(f, *args, **kwargs) -> list[tuple[core.AbstractValue, str]]:
   """List ``(aval, description)`` for each residual `f`'s VJP saves."""
   if not callable(f):
     raise TypeError(f'saved_residuals expects a callable, got {type(f).__name__}: {f!r}')
-  jaxpr = _residuals_jaxpr(f, args, kwargs)
+  jaxpr = _jaxpr_to_residuals(f, args, kwargs)
   # Arguments are described by their paths (``params['w']``) where known.
   dbg = jx.api_util.debug_info('saved_residuals', f, args, kwargs)
   return describe_residuals(jaxpr, dbg.arg_names or ('',) * len(jaxpr.invars))
 
 
-def _residuals_jaxpr(f, args, kwargs) -> core.Jaxpr:
-  """A jaxpr from the leaves of (args, kwargs) to the residuals of `f`'s VJP,
-  i.e. to the arrays the VJP function closes over."""
+def _jaxpr_to_residuals(f, args, kwargs) -> core.Jaxpr:
+  """A jaxpr whose inputs are the leaves of ``(args, kwargs)`` and whose
+  outputs are the residuals of `f`'s VJP.
+
+  The VJP function returned by ``jax.vjp`` is a pytree whose leaves are the
+  arrays it closes over: exactly what the forward pass saves. Tracing a
+  function that returns only those leaves gives a program whose equations
+  say where each came from.
+  """
   leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
 
   def f_of_leaves(*leaves):
     args, kwargs = jax.tree_util.tree_unflatten(tree, leaves)
     return f(*args, **kwargs)
 
-  traced, (_, vjp_fn_shape) = jax.make_jaxpr(
-      lambda *xs: jax.vjp(f_of_leaves, *xs), return_shape=True)(*leaves)
-  # The traced function returns f's outputs, then the VJP function's leaves.
-  outvars = traced.jaxpr.outvars
-  num_residuals = len(jax.tree_util.tree_leaves(vjp_fn_shape))
-  return traced.jaxpr.replace(outvars=outvars[len(outvars) - num_residuals:])
+  def residuals_of(*leaves):
+    _, backward = jax.vjp(f_of_leaves, *leaves)
+    return jax.tree_util.tree_leaves(backward)
+
+  return jax.make_jaxpr(residuals_of)(*leaves).jaxpr
 
 
 def print_saved_residuals(f, *args, **kwargs) -> None:

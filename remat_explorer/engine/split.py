@@ -15,6 +15,7 @@ function, so what the explorer shows is exactly what differentiation does.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -62,29 +63,74 @@ def split_jaxpr(jaxpr: core.Jaxpr, in_unknowns: Sequence[bool],
 
 @jx.weakref_lru_cache
 def _split_jaxpr_cached(jaxpr, in_unknowns, policy, ref_effects) -> Split:
-  in_avals = [v.aval for v in jaxpr.invars]
-  jaxpr = discharge_internal_refs(jaxpr)
-  num_inputs = len(jaxpr.invars)
-  known, staged, out_unknowns, out_instantiated, num_res = (
-      jx.pe.partial_eval_jaxpr_custom(
-          jaxpr, in_unknowns, [True] * num_inputs, False, False, policy))
-
-  # The backward pass only needs the unknown outputs; everything it does not
-  # need to produce them (and every residual it does not read) is dropped.
-  _, wanted_staged_outputs = jx.partition_list(out_instantiated, out_unknowns)
-  staged, staged_reads = jx.pe.dce_jaxpr(staged, wanted_staged_outputs)
-  residuals_read, staged_inputs_used = jx.split_list(staged_reads, [num_res])
-
-  num_known_outputs = len(out_unknowns) - sum(out_unknowns)
-  known, known_inputs_used = jx.pe.dce_jaxpr(
-      known, [True] * num_known_outputs + residuals_read)
-  num_res = sum(residuals_read)
-  known = _round_residuals_to_dtype(known, num_res)
-  split = Split(known, staged, tuple(out_unknowns), num_res,
-                tuple(known_inputs_used), tuple(staged_inputs_used))
+  draft = _Draft.of(discharge_internal_refs(jaxpr), in_unknowns, policy)
+  split = draft.trimmed()
+  split = dataclasses.replace(
+      split, known=_round_residuals_to_dtype(split.known, split.num_residuals))
   if ref_effects == 'once':
-    split = recompute_from_saved_ref_values(split, in_avals, in_unknowns)
+    split = recompute_from_saved_ref_values(
+        split, [v.aval for v in jaxpr.invars], in_unknowns)
   return split
+
+
+# -- the draft, and trimming it -----------------------------------------------
+#
+# JAX's interpreters offer one way to split a jaxpr under a policy:
+# `partial_eval_jaxpr_custom` drafts both halves, and `dce_jaxpr` trims each.
+# So those calls, and their order, are fixed; what the draft holds and why
+# the trimming runs backward pass first is said here.
+
+@dataclass(frozen=True)
+class _Draft:
+  """Both halves as partial evaluation first drafts them, before trimming.
+
+  The draft is generous. Its staged jaxpr takes *every* input of the block
+  and, besides the unknown outputs, produces any known output it happens to
+  recompute, so it reads values the backward pass will never need; and its
+  known jaxpr saves, as candidate residuals, every value the policy allows
+  that some staged equation reads.
+  """
+  known: core.Jaxpr
+  """Known inputs -> known outputs, then the candidate residuals."""
+  staged: core.Jaxpr
+  """Candidate residuals, then every block input -> its outputs."""
+  out_unknowns: tuple[bool, ...]
+  """For each output of the block, whether only the backward pass has it."""
+  staged_outputs: tuple[bool, ...]
+  """For each output of the block, whether ``staged`` produces it."""
+  num_candidates: int
+
+  @classmethod
+  def of(cls, body, in_unknowns, policy) -> _Draft:
+    # Every input is available to the staged jaxpr (instantiated), and no
+    # output is forced to be unknown or staged: the policy alone decides.
+    known, staged, out_unknowns, staged_outputs, num_candidates = (
+        jx.pe.partial_eval_jaxpr_custom(body, in_unknowns, True, False, False,
+                                        policy))
+    return cls(known, staged, tuple(out_unknowns), tuple(staged_outputs),
+               num_candidates)
+
+  def trimmed(self) -> Split:
+    """The split that keeps only what the unknown outputs need.
+
+    The backward pass is trimmed first, because what it still reads is what
+    decides which candidates remain residuals; the forward pass then stops
+    producing the others, and the work only they needed.
+    """
+    staged, staged_reads = jx.pe.dce_jaxpr(self.staged, self._wanted_from_staged())
+    residuals_read, staged_inputs_used = jx.split_list(
+        staged_reads, [self.num_candidates])
+    known_outputs = [True] * self.out_unknowns.count(False)
+    known, known_inputs_used = jx.pe.dce_jaxpr(
+        self.known, known_outputs + residuals_read)
+    return Split(known, staged, self.out_unknowns, sum(residuals_read),
+                 tuple(known_inputs_used), tuple(staged_inputs_used))
+
+  def _wanted_from_staged(self) -> list[bool]:
+    """For each output ``staged`` produces, whether the backward pass needs
+    it: only unknown outputs; the known ones the forward pass already has."""
+    return [unknown for unknown, staged
+            in zip(self.out_unknowns, self.staged_outputs) if staged]
 
 
 def _round_residuals_to_dtype(jaxpr: core.Jaxpr, num_res: int) -> core.Jaxpr:
