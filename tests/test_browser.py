@@ -552,6 +552,7 @@ def test_explorer_costs_list_what_is_live_at_the_peak(lab, browser):
   peak = _shown_panel(timeline)
   assert peak.get_attribute('data-at') == 'peak'
   row = peak.locator('tr', has_text=buffer).first
+  row.wait_for(timeout=120_000)  # a loaded machine redraws the table late
   row.scroll_into_view_if_needed()
   assert row.is_visible() and source in row.inner_text()
 

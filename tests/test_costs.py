@@ -15,6 +15,7 @@ from remat_explorer.analysis import (NO_REMAT, analyze, compare, compile_costs,
                                      describe_policy, residuals_at_peak)
 from remat_explorer.analysis.tradeoffs.search import search_policy
 from remat_explorer.viz.charts.timeline_view import forward_backward_boundary
+from remat_explorer.viz.text import format_bytes
 
 cp = rx.checkpoint_policies
 
@@ -196,6 +197,16 @@ def test_recompute_merged_by_xla_is_flagged():
     # The flag gives the counts it was decided on.
     assert 'recompute 6 matmul(s)' in row.recompute_eliminated
     assert 'has 23, the optimized one 17' in row.recompute_eliminated
+  # Beside it, the lowering that keeps the recompute, measured: XLA cannot
+  # merge across a conditional, so its compiled program recomputes the six
+  # matmuls and its peak is what the policy promised, lower than this row's.
+  kept = row.kept_recompute
+  assert kept is not None and kept.lowering == 'cond'
+  under_cond = compile_costs(program, *args, policy=jax.checkpoint_policies.nothing_saveable,
+                             lowering='cond')
+  assert kept.peak_bytes == under_cond.peak_bytes < row.peak_bytes
+  assert any("lowering='cond' keeps the recompute" in w and format_bytes(kept.peak_bytes) in w
+             for w in row.warnings)
 
 
 def test_memory_that_did_not_drop_is_a_warning_naming_the_largest_residuals():

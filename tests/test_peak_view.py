@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from remat_explorer.analysis import NO_REMAT, compile_costs, live_at_peak
+from remat_explorer.analysis import NO_REMAT, compile_costs, explain_peak, live_at_peak
 from remat_explorer.analysis import analyze
 from remat_explorer.viz.html import tables
 from remat_explorer.viz.html import timeline_html
@@ -41,6 +41,24 @@ def _row_of(document: str, text: str) -> str:
 
 
 # -- the peak table ------------------------------------------------------------------
+
+def test_the_costs_view_says_what_the_listed_buffers_leave_of_the_peak(nnx):
+  """The sum of the buffers listed at the peak and the gap to XLA's peak
+  (explain_peak: the buffer assignment's own offsets) are said under the
+  table, in the page's units."""
+  report, costs, _ = nnx
+  explained = explain_peak(report, costs)
+  page = timeline_html.timeline_html(timeline_view.timeline_view(report, costs))
+  (said,) = re.findall(r'<p class="remat-caption remat-peak-gap">(.*?)</p>', page, re.S)
+  said = html.unescape(said)
+  assert format_bytes(explained.listed_bytes) in said
+  assert format_bytes(costs.timeline.peak_bytes) in said
+  # The listed buffers are what live_at_peak returns, their sum is theirs.
+  assert explained.listed_bytes == sum(b.bytes for b in live_at_peak(report, costs))
+  if explained.gap_bytes > 0:
+    assert format_bytes(explained.gap_bytes) in said and explained.gap_reason in said
+
+
 
 def test_peak_table_lists_the_top_residual_with_its_user_source_line(nnx):
   report, costs, _ = nnx

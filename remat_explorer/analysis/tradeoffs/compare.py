@@ -34,7 +34,7 @@ from remat_explorer.analysis.policies.policy_text import parse_policy
 from remat_explorer.analysis.program.problem import function_name
 from remat_explorer.analysis.program.blocks import DEFAULT_LOWERING
 from remat_explorer.analysis.split.report import RematReport, plain_data
-from remat_explorer.analysis.units import format_flops
+from remat_explorer.analysis.units import format_bytes, format_flops
 from remat_explorer.engine import checkpoint_policies
 
 FLOPS_USED_BY_CHARTS = 'compiled (executed, loops counted)'
@@ -56,6 +56,20 @@ def builtin_policies(names_in_program: Sequence[str] = ()) -> dict[str, Any]:
     policy = checkpoint_policies.save_only_these_names(*names_in_program)
     policies[describe_policy(policy)] = policy
   return policies
+
+
+@dataclass(frozen=True)
+class KeptRecompute:
+  """A row's policy compiled under the lowering that keeps its recompute
+  (XLA cannot merge work across a conditional), where the row's own
+  lowering let XLA merge it away."""
+  lowering: str
+  peak_bytes: int | None
+  compiled_flops: float | None
+
+
+KEEPS_RECOMPUTE = 'cond'
+"""The lowering measured beside a row whose recompute XLA merged away."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +109,9 @@ class PolicyRow:
   (``Comparison.warnings`` holds them with it)."""
   compiled_flops: float | None = None
   """FLOPs the compiled program executes (per device), loops counted."""
+  kept_recompute: KeptRecompute | None = None
+  """Where XLA merged the recompute away (``recompute_eliminated``), the
+  same policy compiled under ``KEEPS_RECOMPUTE``: what keeping it saves."""
 
   @property
   def flops_unknown(self) -> bool:
@@ -206,8 +223,9 @@ def compare(f, *args, policies: Mapping[str, Any] | Sequence | None = None,
       jobs[NO_REMAT_LABEL] = (f, NO_REMAT)
     for label, policy in _resolve_policies(policies, first.names_in_program).items():
       jobs.setdefault(label, (f, policy))
-  rows = _with_warnings(_mark_pareto_front(
-      _run(jobs, args, common, parallel, progress, repeats)))
+  rows = _run(jobs, args, common, parallel, progress, repeats)
+  rows = _with_warnings(_mark_pareto_front(_with_kept_recompute(rows, jobs, args, common,
+                                                                progress)))
   device = rows[0].costs
   functions = ' / '.join(dict.fromkeys(r.costs.function for r in rows))
   return Comparison(function=functions, device_kind=device.device_kind,
@@ -265,6 +283,31 @@ def _run(jobs: dict[str, tuple], args, common, parallel, progress, repeats):
       costs = compile_costs(fn, *args, policy=policy, repeats=repeats, **common)
     rows.append(_row(label, policy, report, costs))
   return rows
+
+
+def _with_kept_recompute(rows, jobs, args, common, progress) -> list[PolicyRow]:
+  """Each row whose recompute XLA merged away, with its policy compiled
+  under the lowering that keeps it (one compile per such row)."""
+  lowering = common.get('lowering') or DEFAULT_LOWERING
+  merged = [r for r in rows if r.recompute_eliminated and not r.failed]
+  if lowering in (KEEPS_RECOMPUTE, 'while') or not merged:
+    return rows
+  merged_ids, out = {id(r) for r in merged}, []
+  for row in rows:
+    if id(row) in merged_ids:
+      fn, policy = jobs[row.label]
+      if progress is not None:
+        progress(len(rows), len(rows) + 1, f'{row.label} · lowering {KEEPS_RECOMPUTE}')
+      try:
+        costs = compile_costs(fn, *args, policy=policy,
+                              **{**common, 'lowering': KEEPS_RECOMPUTE})
+      except Exception:  # the row stands as it is; the suggestion is what fails
+        costs = None
+      if costs is not None and not costs.failed:
+        row = dataclasses.replace(row, kept_recompute=KeptRecompute(
+            KEEPS_RECOMPUTE, costs.peak_bytes, costs.executed_flops))
+    out.append(row)
+  return out
 
 
 def usable_cores() -> int:
@@ -385,7 +428,23 @@ def _row_warnings(row: PolicyRow, baseline: PolicyRow | None) -> list[str]:
   residuals that hold it up (and XLA's merge of the recompute, if any)."""
   layouts = [c.temp_warning for c in row.scan_layouts if c.temp_warning]
   return (layouts + _unknown_flops_warnings(row) + _branch_warnings(row)
-          + _peak_warnings(row, baseline))
+          + _peak_warnings(row, baseline) + _kept_recompute_warnings(row))
+
+
+def _kept_recompute_warnings(row: PolicyRow) -> list[str]:
+  kept = row.kept_recompute
+  if kept is None or kept.peak_bytes is None or row.peak_bytes is None:
+    return []
+  keeps = (f"lowering='{kept.lowering}' keeps the recompute (XLA cannot merge work "
+           'across a conditional)')
+  if kept.peak_bytes >= row.peak_bytes:
+    return [f'{keeps}, but its peak is no lower: {format_bytes(kept.peak_bytes)}.']
+  flops = ''
+  if kept.compiled_flops is not None and row.compiled_flops:
+    flops = (f' at {format_flops(kept.compiled_flops)} '
+             f'({kept.compiled_flops / row.compiled_flops - 1:+.0%} FLOPs)')
+  return [f'{keeps}: peak {format_bytes(kept.peak_bytes)}, '
+          f'{format_bytes(row.peak_bytes - kept.peak_bytes)} below this row\'s{flops}.']
 
 
 def _branch_warnings(row: PolicyRow) -> list[str]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from remat_explorer.analysis.xla.compiled import CompiledCosts
-from remat_explorer.analysis.xla.peak import PeakBuffer, live_at_peak
+from remat_explorer.analysis.xla.peak import PeakBuffer, explain_peak, live_at_peak
 from remat_explorer.analysis.split.report import RematReport
 
 MAX_BANDS = 150
@@ -74,6 +74,9 @@ class TimelineView:
   """Another program's curve for comparison: (label, peak bytes, points
   (x in this schedule's steps, bytes)), its forward and backward passes
   stretched onto this one's."""
+  peak_gap: tuple[int, int, str] | None = None
+  """``explain_peak``'s (listed bytes, gap to the peak, why): what the
+  buffers listed at the peak leave of XLA's peak, named."""
 
   @property
   def peak(self) -> Band:
@@ -128,10 +131,13 @@ def timeline_view(report: RematReport, costs: CompiledCosts, *,
   peak_band = next(i for i, b in enumerate(bands)
                    if b.first <= timeline.peak_step <= b.last)
   # The peak band is drawn at the timeline's own peak step.
+  explained = explain_peak(report, costs)
   return TimelineView(
       report.policy, n, tuple(bands), tuple(buffers), peak_band, timeline.peak_bytes,
       passes, boundary,
-      None if reference is None else _reference(reference, n, boundary, max_bands))
+      None if reference is None else _reference(reference, n, boundary, max_bands),
+      None if explained is None else (explained.listed_bytes, explained.gap_bytes,
+                                      explained.gap_reason))
 
 
 def _cuts(n: int, max_bands: int, boundary: int | None, peak: int) -> list[tuple[int, int]]:

@@ -39,7 +39,7 @@ def timeline_html(view: TimelineView | None) -> str:
     return '<p class="remat-caption">No memory timeline for this program.</p>'
   keys = _panel_keys(view)
   head = f'Live at the peak: {_step_text(view, view.peak)}'
-  peak = peak_table_html(list(view.buffers[view.peak.buffers]))
+  peak = peak_table_html(list(view.buffers[view.peak.buffers])) + _gap_html(view)
   return (f'<div class="remat-timeline">{_svg(view, keys)}'
           f'<p class="remat-live-head" data-peak="{html_text(head)}">{html_text(head)}'
           '</p><p class="remat-caption remat-live-hint">Hover over the chart for the '
@@ -48,6 +48,21 @@ def timeline_html(view: TimelineView | None) -> str:
           '<div class="remat-at" data-at="band" hidden></div></div>'
           f'<script type="application/json" class="remat-live-data">'
           f'{_json_for_html(live_data(view, keys))}</script></div>')
+
+
+def _gap_html(view: TimelineView) -> str:
+  """What the listed buffers leave of XLA's peak, and why."""
+  if view.peak_gap is None:
+    return ''
+  listed, gap, reason = view.peak_gap
+  if gap <= 0:
+    return (f'<p class="remat-caption remat-peak-gap">These buffers add up to '
+            f'{html_text(format_bytes(listed))}; the peak is '
+            f'{html_text(format_bytes(view.peak_bytes))}.</p>')
+  return (f'<p class="remat-caption remat-peak-gap">These buffers hold '
+          f'{html_text(format_bytes(listed))} of the peak\'s '
+          f'{html_text(format_bytes(view.peak_bytes))}; the other '
+          f'{html_text(format_bytes(gap))}: {html_text(reason)}.</p>')
 
 
 def live_data(view: TimelineView, keys: dict[int, str] | None = None) -> dict:
