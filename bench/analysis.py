@@ -109,11 +109,14 @@ def bench_compare(layers: int, repeats: int) -> None:
       list(pool.map(timed_compile, steps))
     return time.perf_counter() - start, serial_sum, cores_busy
 
-  def explorer_compare(parallel) -> tuple[float, object]:
+  def explorer_compare(parallel, suggest_lowering=False) -> tuple[float, object]:
+    # The same compiles as by hand: without the extra compile of each row
+    # whose recompute XLA merged away (timed apart below).
     clear_caches()
     start = time.perf_counter()
     comparison = compare(loss_fn, *args, policies=policies, include_no_remat=False,
-                         include_as_written=False, parallel=parallel)
+                         include_as_written=False, parallel=parallel,
+                         suggest_lowering=suggest_lowering)
     return time.perf_counter() - start, comparison
 
   # Alternated, so that neither side gains from running second on a shared
@@ -137,6 +140,10 @@ def bench_compare(layers: int, repeats: int) -> None:
   print(f'  {cores} compiles at a time ({cores} usable cores): {parallel:.2f} s; '
         f'serial sum of its compile times {serial_compiles:.2f} s; ratio '
         f'{parallel / serial_compiles:.2f} (target on 2 cores <= 0.65)')
+  suggesting, with_suggestions = explorer_compare(1, suggest_lowering=True)
+  extra = sum(r.kept_recompute is not None for r in with_suggestions.rows)
+  print(f'  with suggest_lowering (the default): {suggesting:.2f} s, {extra} more '
+        "compile(s) under lowering='cond' for the rows whose recompute XLA merged away")
   wall, serial_sum, cores_busy = (statistics.median(t[i] for t in threaded)
                                   for i in range(3))
   print(f'  bare XLA, the same compiles {cores} at a time: {wall:.2f} s over their serial '

@@ -181,7 +181,8 @@ def compare(f, *args, policies: Mapping[str, Any] | Sequence | None = None,
             lowering: str | None = None, argnums=0, has_aux: bool = False,
             repeats: int = 0, include_no_remat: bool = True,
             include_as_written: bool = True, progress: Progress | None = None,
-            parallel: int | None = None, **kwargs) -> Comparison:
+            parallel: int | None = None, suggest_lowering: bool = True,
+            **kwargs) -> Comparison:
   """Analyze and compile `f`'s training step (``compile_costs``) under each
   policy, or each of several functions.
 
@@ -206,11 +207,16 @@ def compare(f, *args, policies: Mapping[str, Any] | Sequence | None = None,
   called as each row is done. Run times (`repeats`) are measured once
   every compile has finished, one row at a time, so that nothing else
   shares the machine while they run.
+
+  Where XLA merged a row's recompute away (``PolicyRow.recompute_eliminated``)
+  and `suggest_lowering`, that row's policy is also compiled under
+  ``lowering='cond'``, which keeps the recompute, and the row says what it
+  would save (``PolicyRow.kept_recompute``): one more compile per such row.
   """
   check_keywords(compare, f, kwargs, policies=policies, lowering=lowering, argnums=argnums,
                  has_aux=has_aux, repeats=repeats, include_no_remat=include_no_remat,
                  include_as_written=include_as_written, progress=progress,
-                 parallel=parallel)
+                 parallel=parallel, suggest_lowering=suggest_lowering)
   common = dict(lowering=lowering, argnums=argnums, has_aux=has_aux, **kwargs)
   if isinstance(f, Mapping):
     jobs = _layout_jobs(f, policies)
@@ -224,8 +230,9 @@ def compare(f, *args, policies: Mapping[str, Any] | Sequence | None = None,
     for label, policy in _resolve_policies(policies, first.names_in_program).items():
       jobs.setdefault(label, (f, policy))
   rows = _run(jobs, args, common, parallel, progress, repeats)
-  rows = _with_warnings(_mark_pareto_front(_with_kept_recompute(rows, jobs, args, common,
-                                                                progress)))
+  if suggest_lowering:
+    rows = _with_kept_recompute(rows, jobs, args, common, progress)
+  rows = _with_warnings(_mark_pareto_front(rows))
   device = rows[0].costs
   functions = ' / '.join(dict.fromkeys(r.costs.function for r in rows))
   return Comparison(function=functions, device_kind=device.device_kind,
