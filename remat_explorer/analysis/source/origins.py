@@ -68,8 +68,8 @@ def _library_roots() -> tuple[str, ...]:
 
 
 # This package's example models are a user's code like any other.
-# Found from the package's root, not this module's depth in it.
-_OWN_EXAMPLES = os.path.join(_package_roots(('remat_explorer',))[0], 'examples.py')
+_OWN_EXAMPLES = os.path.realpath(importlib.util.find_spec('remat_explorer').submodule_search_locations[0]
+                                 + '/examples.py')
 
 
 @functools.lru_cache(maxsize=4096)
