@@ -27,7 +27,7 @@ from remat_explorer.analysis.context import compiles_run  # noqa: E402
 from remat_explorer.analysis import (analyze, compare,  # noqa: E402
                                      compile_costs, search_policy)
 from remat_explorer.analysis.xla.collectives import KINDS  # noqa: E402
-from remat_explorer.viz.text import byte_unit  # noqa: E402
+from remat_explorer.viz.charts import costs as charts  # noqa: E402
 
 cp = rx.checkpoint_policies
 MESHES = [(1, 1), (2, 1), (2, 2), (4, 2)]  # (data, model): 1, 2, 4, 8 devices
@@ -379,7 +379,7 @@ def test_per_device_memory_chart_has_a_bar_per_mesh():
   for tick, (label, c) in zip(ticks, costs.items()):
     assert tick.startswith(f'{label} · {c.num_devices} device'), tick
   total = lambda c: c.argument_bytes + c.output_bytes + c.temp_bytes
-  scale = byte_unit(max(total(c) for c in costs.values()))
+  scale = charts.byte_unit(max(total(c) for c in costs.values()))
   n = len(costs)
   for i, c in enumerate(costs.values()):  # each bar ends at XLA's per-device total
     ends = [p.get_x() + p.get_width() for p in ax.patches[i::n]]
