@@ -232,6 +232,14 @@ def test_every_model_of_the_registry_builds_by_name():
 
 
 def test_default_sizes_compile():
+  """Each model at its default size compiles to a gradient step that
+  reads every array it is given (``jit`` drops arguments a program does
+  not use) and returns a gradient shaped as the parameters."""
   for name in examples.MODELS:
     loss_fn, args = examples.build(name)
-    jax.jit(jax.grad(loss_fn)).lower(*args).compile()
+    compiled = jax.jit(jax.grad(loss_fn)).lower(*args).compile()
+    given = sum(x.nbytes for x in jax.tree_util.tree_leaves(args))
+    assert compiled.memory_analysis().argument_size_in_bytes == given, name
+    shape = lambda x: (x.shape, x.dtype)
+    assert (jax.tree_util.tree_map(shape, compiled.out_info)
+            == jax.tree_util.tree_map(shape, args[0])), name

@@ -54,12 +54,25 @@ def comparison(problem):
 
 # -- charts -----------------------------------------------------------------------
 
-def test_breakdown_parts_add_up_to_xla_accounting(comparison):
-  for row in comparison.rows:
+def test_breakdown_residuals_at_peak_are_within_what_the_jaxpr_saves(problem, comparison):
+  """The residual share is read off XLA's compiled schedule (buffers a
+  forward instruction defines and a backward one reads, live at the peak);
+  the jaxpr says, apart, which values the policy saves. XLA may fuse a saved
+  elementwise value into its backward reader and compute it again there
+  (under everything_saveable here it keeps well under the jaxpr's bytes:
+  layer norm's and GELU's pieces), but where it keeps each recompute apart
+  from the forward pass it never holds more than the jaxpr saves. The peak
+  listing (``live_at_peak``) reads the same residual flag, so it is no
+  second measurement of the share; the jaxpr is."""
+  args = problem[1]
+  bounded = [r for r in comparison.rows if r.recompute_eliminated is None]
+  assert comparison.row('everything_saveable') in bounded  # it recomputes nothing
+  for row in bounded:
     parts = charts.memory_breakdown(row)
-    c = row.costs
-    assert sum(parts.values()) == c.argument_bytes + c.output_bytes + c.temp_bytes
-    assert 0 <= parts['residuals at peak'] <= c.temp_bytes
+    saved = sum(r.device_bytes for r in row.report.residuals if r.kind == 'equation')
+    assert 0 < parts['residuals at peak'] <= saved, row.label
+    # The arguments are the arrays passed in, whatever the policy.
+    assert parts['arguments'] == sum(x.nbytes for x in jax.tree_util.tree_leaves(args))
   # Saving everything leaves more residual bytes at the peak than saving nothing.
   everything = charts.memory_breakdown(comparison.row('everything_saveable'))
   nothing = charts.memory_breakdown(comparison.row('nothing_saveable'))
