@@ -86,9 +86,7 @@ def report_main(argv=None) -> int:
   parser.add_argument('--out', default='report.html', type=Path)
   args = parser.parse_args(argv)
 
-  from remat_explorer.analysis import builtin_policies
-  from remat_explorer.analysis import analyze
-  from remat_explorer.analysis import compare
+  from remat_explorer.analysis import analyze, builtin_policies, compare
   from remat_explorer.analysis.tradeoffs.compare import AS_WRITTEN, AS_WRITTEN_NO_REMAT
   from remat_explorer.analysis.policies.policy_info import describe_policy
   from remat_explorer.analysis.policies.policy_text import parse_policy

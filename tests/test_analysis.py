@@ -9,8 +9,7 @@ import pytest
 from jax.ad_checkpoint import checkpoint_name as jax_checkpoint_name
 
 import remat_explorer as rx
-from remat_explorer.analysis import compile_costs, describe_policy
-from remat_explorer.analysis import analyze
+from remat_explorer.analysis import analyze, compile_costs, describe_policy
 from remat_explorer.engine import policies
 from tests.parity import jax_residual_bytes, printed_residuals
 

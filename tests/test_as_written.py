@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 import remat_explorer as rx
-from remat_explorer.analysis import compile_costs
-from remat_explorer.analysis import analyze
+from remat_explorer.analysis import analyze, compile_costs
 from tests.parity import jax_residual_bytes
 
 RNG = np.random.default_rng(20261123)

@@ -493,8 +493,7 @@ def test_search_budget_errors():
 
 
 def test_residual_buffers_at_the_peak_link_back_to_their_residuals():
-  from remat_explorer.analysis import residuals_at_peak
-  from remat_explorer.analysis import analyze
+  from remat_explorer.analysis import analyze, residuals_at_peak
   loss_fn, args = examples.mlp(num_layers=4, width=64, batch=16)
   found = residuals_at_peak(analyze(loss_fn, *args), compile_costs(loss_fn, *args))
   assert found and all(p.residual is not None for p in found)
@@ -508,8 +507,7 @@ def test_residual_buffers_at_the_peak_link_back_to_their_residuals():
 
 
 def test_every_buffer_live_at_the_peak_is_described():
-  from remat_explorer.analysis import live_at_peak, residuals_at_peak
-  from remat_explorer.analysis import analyze
+  from remat_explorer.analysis import analyze, live_at_peak, residuals_at_peak
   loss_fn, args = examples.transformer(num_layers=2, d_model=32, seq_len=16, batch=2,
                                        use_scan=True)
   report, costs = analyze(loss_fn, *args), compile_costs(loss_fn, *args)
@@ -532,8 +530,7 @@ def test_every_buffer_live_at_the_peak_is_described():
 
 
 def test_report_and_costs_given_the_other_way_round_is_a_clear_error():
-  from remat_explorer.analysis import residuals_at_peak
-  from remat_explorer.analysis import analyze
+  from remat_explorer.analysis import analyze, residuals_at_peak
   loss_fn, args = examples.mlp(num_layers=2, width=16, batch=4)
   with pytest.raises(TypeError, match=r'expected \(report, costs\).*got \(CompiledCosts, RematReport\)'):
     residuals_at_peak(compile_costs(loss_fn, *args), analyze(loss_fn, *args))

@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from remat_explorer import examples
-from remat_explorer.analysis import compile_costs
-from remat_explorer.analysis import compare
+from remat_explorer.analysis import compare, compile_costs
 
 
 def _ode(n, rng_seed=0, width=64, batch=32):

@@ -14,8 +14,7 @@ from remat_explorer import examples
 from remat_explorer.analysis import (NO_REMAT, analyze, compile_costs, live_at_peak,
                                      search_policy)
 from remat_explorer.engine.policies import checkpoint_policies as cp
-from remat_explorer.viz.widget import _panels
-from remat_explorer.viz.widget import _search
+from remat_explorer.viz.widget import _panels, _search
 from remat_explorer.viz.text import format_bytes, html_text
 from tests.framework_models import nnx_transformer
 

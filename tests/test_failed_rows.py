@@ -8,8 +8,7 @@ import jax.numpy as jnp
 import pytest
 
 import remat_explorer as rx
-from remat_explorer.analysis import error_summary
-from remat_explorer.analysis import compare
+from remat_explorer.analysis import compare, error_summary
 from remat_explorer.viz.charts import costs as charts
 from remat_explorer.viz.html import tables
 

@@ -9,8 +9,7 @@ import jax
 import jax.ad_checkpoint
 import pytest
 
-from remat_explorer.analysis import analyze
-from remat_explorer.analysis import compare
+from remat_explorer.analysis import analyze, compare
 from remat_explorer.viz.html.tables import residual_table_html
 from tests import framework_models
 from tests.parity import printed_residuals

@@ -4,14 +4,11 @@ buffers linked to residuals by the compiled program's own provenance (the
 Python stack XLA keeps per instruction), a loop's temporaries broken into
 what its body holds, and the gap between the listed buffers and the peak."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from remat_explorer import examples
-from remat_explorer.analysis import compile_costs, explain_peak, live_at_peak
-from remat_explorer.analysis import analyze
+from remat_explorer.analysis import analyze, compile_costs, explain_peak, live_at_peak
 from remat_explorer.viz.html import tables
 from tests import framework_models
 

@@ -9,10 +9,8 @@ import re
 
 import pytest
 
-from remat_explorer.analysis import NO_REMAT, compile_costs, explain_peak, live_at_peak
-from remat_explorer.analysis import analyze
-from remat_explorer.viz.html import tables
-from remat_explorer.viz.html import timeline_html
+from remat_explorer.analysis import NO_REMAT, analyze, compile_costs, explain_peak, live_at_peak
+from remat_explorer.viz.html import tables, timeline_html
 from remat_explorer.viz.charts import timeline_view
 from remat_explorer.viz.charts.timeline_chart import plot_memory_timeline
 from remat_explorer.viz.text import format_bytes

@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 
 import remat_explorer as rx
-from remat_explorer.analysis import analyze
-from remat_explorer.analysis import compare
+from remat_explorer.analysis import analyze, compare
 from remat_explorer.analysis.tradeoffs.layouts import scan_layouts
 
 N, BATCH, HIDDEN, FEATURES = 24, 4, 32, 8

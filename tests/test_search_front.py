@@ -5,8 +5,7 @@ or equal peak and fewer or equal FLOPs while being better on one."""
 import pytest
 
 from remat_explorer import examples
-from remat_explorer.analysis import search_policy
-from remat_explorer.analysis import compare
+from remat_explorer.analysis import compare, search_policy
 from remat_explorer.analysis.tradeoffs.compare import AS_WRITTEN, NO_REMAT_LABEL
 from tests import framework_models
 

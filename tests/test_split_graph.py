@@ -14,8 +14,7 @@ import pytest
 
 import remat_explorer as rx
 from remat_explorer import examples, viz
-from remat_explorer.analysis import describe_policy
-from remat_explorer.analysis import analyze
+from remat_explorer.analysis import analyze, describe_policy
 from remat_explorer.viz.diagram import _summarize
 from remat_explorer.analysis.split.graph import split_graph_of
 from remat_explorer.viz.diagram.split_graph import RECOMPUTED_FILL, split_diagram

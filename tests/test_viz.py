@@ -13,13 +13,10 @@ import pytest
 
 import remat_explorer as rx
 from remat_explorer import examples, viz
-from remat_explorer.analysis import search_policy
-from remat_explorer.analysis import analyze
-from remat_explorer.analysis import compare
+from remat_explorer.analysis import analyze, compare, search_policy
 from remat_explorer.viz.charts import _labels
 from remat_explorer.viz.widget import _panels
-from remat_explorer.viz.charts import costs as charts
-from remat_explorer.viz.charts import timeline_chart
+from remat_explorer.viz.charts import costs as charts, timeline_chart
 from remat_explorer.viz.html import tables
 from remat_explorer.viz.widget.explorer import _NAMED
 from remat_explorer.viz.text import byte_unit
@@ -754,8 +751,7 @@ def test_columns_without_data_are_hidden(comparison, problem):
 
 
 def test_graphviz_warnings_are_kept_not_printed(capfd):
-  from remat_explorer.viz.diagram.render import graphviz_notes_html
-  from remat_explorer.viz.diagram.render import render_svg
+  from remat_explorer.viz.diagram.render import graphviz_notes_html, render_svg
   import graphviz
   g = graphviz.Digraph()
   g.node('a', shape='no_such_shape')  # dot warns (twice, kept once) and draws

@@ -7,8 +7,7 @@ import jax
 import jax.numpy as jnp
 
 import remat_explorer as rx
-from remat_explorer.viz.widget import _panels
-from remat_explorer.viz.widget import explorer
+from remat_explorer.viz.widget import _panels, explorer
 from remat_explorer.viz.widget._work import Work
 
 

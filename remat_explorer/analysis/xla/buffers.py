@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from remat_explorer.analysis.xla import protowire as wire
-from remat_explorer.analysis.xla import xla_protos as pb
+from remat_explorer.analysis.xla import protowire as wire, xla_protos as pb
 
 ALLOCATION_KINDS = ('parameter', 'output', 'temp', 'constant', 'thread_local')
 

@@ -24,8 +24,7 @@ from __future__ import annotations
 
 import functools
 import re
-from remat_explorer.analysis.xla import protowire as wire
-from remat_explorer.analysis.xla import xla_protos as pb
+from remat_explorer.analysis.xla import protowire as wire, xla_protos as pb
 from remat_explorer.analysis.xla.hlo import HloModule, Instruction, root
 
 Frame = tuple[str, int, str]
