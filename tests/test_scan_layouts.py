@@ -183,6 +183,9 @@ def test_the_explorer_switches_between_layouts_and_compares_them():
   assert report.residual_bytes != plain_residuals
   assert 'checkpointed_scan_block' in e.block.options  # the layout's own blocks
   assert 'sqrt' in e.costs_view.value and e.error.value == ''
+  # Every view's caption names the layout it shows.
+  for view in (e.split_note, e.residual_view, e.program_view):
+    assert 'under sqrt · ' in view.value, view.value[:200]
 
   e.compare_button.click()
   e.wait(600)

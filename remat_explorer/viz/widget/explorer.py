@@ -298,21 +298,27 @@ class Explorer:
                      lambda e: self._costs_failed(generation, e),
                      group='costs', key=(label, names, lowering))
 
+  def _shown(self, report) -> str:
+    """What a caption says is shown: the layout (where there are several)
+    and the report's policy, with any picked names."""
+    return f'{self.layout.value} · {report.policy}' if self.layouts else report.policy
+
   def _render_analysis(self, report) -> None:
     diagram = render_diagram(split_graph(report, block=self.current_block(),
                                          expand=self._expanded))
     device = _panels.device_text(report)
-    self.split_note.value = (caption_html(report.policy, report.lowering, device, 'split')
+    self.split_note.value = (caption_html(self._shown(report), report.lowering, device, 'split')
                              + warnings_html(report.warnings) + diagram.notes_html)
     self.diagram.svg = diagram.svg
     self._render_residuals(report)
-    self.program_view.value = (caption_html(report.policy, report.lowering, device, 'jaxprs')
+    self.program_view.value = (caption_html(self._shown(report), report.lowering, device,
+                                            'jaxprs')
                                + report_jaxprs_html(report))
     image = svg_img_html(diagram.svg) if diagram.svg else ''
     self._static_html = image + diagram.notes_html + self.residual_view.value
 
   def _render_residuals(self, report) -> None:
-    caption = caption_html(report.policy, report.lowering, _panels.device_text(report),
+    caption = caption_html(self._shown(report), report.lowering, _panels.device_text(report),
                            'residuals')
     self.residual_view.value = (
         f'{caption}{warnings_html(report.warnings)}<div class="remat-residuals">'
