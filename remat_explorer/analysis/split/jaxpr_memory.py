@@ -34,6 +34,7 @@ import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Var, jaxprs_in_params
 
 from remat_explorer.analysis.source.origins import CALL_PRIMITIVES
+from remat_explorer.engine import RECOMPUTE_SCOPE
 
 # Equations XLA fuses with their producers and consumers: one output element
 # from a few input elements.
@@ -115,14 +116,20 @@ Key = tuple
 @dataclass
 class _Op:
   """One equation of a jaxpr with its calls inlined, reading and writing
-  values by key."""
+  values by key; `scope` is its name stack, the calls' around it."""
   eqn: JaxprEqn
   reads: list
   writes: list
+  scope: str = ''
+
+  def is_backward(self) -> bool:
+    """A backward-pass equation that is not remat's recompute."""
+    return ('transpose(' in self.scope and RECOMPUTE_SCOPE not in self.scope
+            and self.eqn.primitive.name != 'optimization_barrier')
 
 
 def _flatten(jaxpr: Jaxpr, env: dict, instance: int, counter, ops: list,
-             inputs: set) -> None:
+             inputs: set, scope: str = '') -> None:
   """Append `jaxpr`'s equations to `ops`, calls inlined (their bodies'
   values keyed apart, since one body may be called twice)."""
   def key(v):
@@ -131,14 +138,34 @@ def _flatten(jaxpr: Jaxpr, env: dict, instance: int, counter, ops: list,
   for eqn in jaxpr.eqns:
     reads = [key(v) for v in eqn.invars]
     body = _call_body(eqn)
+    where = f'{scope}/{eqn.source_info.name_stack}'
     if body is None:
-      ops.append(_Op(eqn, reads, [(instance, v) for v in eqn.outvars]))
+      ops.append(_Op(eqn, reads, [(instance, v) for v in eqn.outvars], where))
       continue
     inner = next(counter)
     inner_env = {v: k for v, k in zip(body.invars, reads) if k is not None}
-    _flatten(body, inner_env, inner, counter, ops, inputs)
+    _flatten(body, inner_env, inner, counter, ops, inputs, where)
     for out, result in zip(eqn.outvars, body.outvars):
       env[out] = inner_env.get(result, (inner, result)) if isinstance(result, Var) else None
+
+
+def _in_schedule_order(ops: list[_Op]) -> list[_Op]:
+  """The equations in the order XLA's scheduler runs them, as modelled:
+  everything that does not wait for the backward pass first, in program
+  order. Remat's recompute outside a loop waits only for its inputs (the
+  barrier that keeps XLA from merging it with the forward pass does not
+  tie it to the backward pass), and XLA runs it early, keeping its results
+  from then on; inside a loop body it runs at the start of each iteration.
+  """
+  waiting: set = set()
+  early, late = [], []
+  for op in ops:
+    if op.is_backward() or any(k in waiting for k in op.reads):
+      late.append(op)
+      waiting.update(op.writes)
+    else:
+      early.append(op)
+  return early + late
 
 
 class _Scope:
@@ -150,6 +177,7 @@ class _Scope:
     self.inputs: set = {(0, v) for v in jaxpr.invars}
     self.ops: list[_Op] = []
     _flatten(jaxpr, env, 0, itertools.count(1), self.ops, self.inputs)
+    self.ops = _in_schedule_order(self.ops)
     self.root: dict = {}
     self.size: dict = {}
     outputs = [env.get(v, (0, v)) for v in jaxpr.outvars if isinstance(v, Var)]
@@ -228,14 +256,16 @@ def peak_bytes(jaxpr: Jaxpr | ClosedJaxpr, *, count_outputs: bool = True,
   places apart); the outputs at positions `uncounted` never (a loop body's
   stacked outputs, written into the loop's buffer)."""
   scope = _Scope(_as_jaxpr(jaxpr), count_outputs, uncounted)
+  dies_at: dict[int, list] = {}
+  for r, i in scope.last_use.items():
+    dies_at.setdefault(i, []).append(r)
   live = peak = 0
   for i, op in enumerate(scope.ops):
     if not scope.live[i]:
       continue
     outs = [k for k in op.writes if scope.of(k) == k]
     new = sum(scope.allocated(k) for k in outs)
-    dying = [r for r in {scope.of(k) for k in op.reads if k is not None}
-             if scope.last_use.get(r) == i]
+    dying = dies_at.get(i, [])
     unread = [k for k in outs if k not in scope.last_use]
     reused = _reused_bytes(op, scope, outs, dying)
     peak = max(peak, live + new - reused + _running_bytes(op.eqn))
@@ -247,12 +277,14 @@ def _reused_bytes(op: _Op, scope: _Scope, outs, dying) -> int:
   """Bytes of a dying operand an output is written over."""
   if not outs or not scope.allocated(outs[0]):
     return 0
+  operands = {scope.of(k) for k in op.reads if k is not None}
   if op.eqn.primitive.name in _IN_PLACE and op.reads[0] is not None:
     operand = scope.of(op.reads[0])
     return scope.allocated(operand) if operand in dying else 0
   if _kind(op.eqn) == 'fusible':
     size = scope.allocated(outs[0])
-    return size if any(scope.allocated(r) == size for r in dying) else 0
+    return size if any(scope.allocated(r) == size for r in dying
+                       if r in operands) else 0
   return 0
 
 
