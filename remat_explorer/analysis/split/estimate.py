@@ -53,6 +53,7 @@ class CostEstimate:
 
 
 _cache = ResultCache(max_entries=256)
+_POINTER_BYTES = 8
 
 
 @entry_point
@@ -92,6 +93,8 @@ def _estimate(closed: ClosedJaxpr, donated, *, function, policy, notes,
   jaxpr = closed.jaxpr
   arguments = sum(value_bytes(v) for v in jaxpr.invars)
   outputs = sum(value_bytes(v) for v in jaxpr.outvars)
+  if len(jaxpr.outvars) > 1:  # XLA's output tuple: a pointer per element
+    outputs += _POINTER_BYTES * len(jaxpr.outvars)
   temporaries = peak_bytes(closed, count_outputs=False)
   peak = arguments + outputs + temporaries - _donated_bytes(jaxpr, donated)
   return CostEstimate(
