@@ -42,7 +42,8 @@ class CostEstimate:
   what ``compile_costs``' ``executed_flops`` measures."""
   residual_bytes: int
   """Values the forward pass keeps for the backward pass (stacked loop
-  residuals included), at the step's top level."""
+  residuals and arguments the backward pass reads included), at the step's
+  top level."""
   argument_bytes: int
   output_bytes: int
   seconds: float
@@ -121,9 +122,10 @@ def _donated_bytes(jaxpr, donated) -> int:
 
 
 def residual_bytes(closed: ClosedJaxpr) -> int:
-  """Bytes of the values the step's forward equations make and its backward
-  equations (JAX's ``transpose(...)`` scope) read: the residuals."""
-  forward: set[Var] = set()
+  """Bytes of the values the step's forward equations make or take as
+  arguments and its backward equations (JAX's ``transpose(...)`` scope)
+  read: the residuals, as ``analyze`` counts them."""
+  forward: set[Var] = set(closed.jaxpr.invars)
   read: set[Var] = set()
   for eqn in closed.jaxpr.eqns:
     if 'transpose(' in str(eqn.source_info.name_stack):
