@@ -252,6 +252,27 @@ def _greedy_choice(run: _Runner, names, budget, builtins):
   base_costs, base_report = builtins['nothing_saveable']
   if base_costs.failed:
     return {}
+  # The prediction is calibrated on the compiled built-ins (XLA does not
+  # turn residual bytes into peak bytes one for one); the final choice is
+  # verified by compiling it, dropping the last unit added until it fits.
+  predict = _peak_model(builtins)
+  chosen = _greedy_units(run, base_report, names, lambda units: predict(
+      run.report(_policy_of(units)).residual_bytes_per_device) <= budget)
+  while chosen:
+    policy = _policy_of(chosen, sites=_sites(base_report, chosen))
+    label = repr(policy)
+    run.say(0, None, f'verifying {label}')
+    costs, report = run.evaluate(label, policy)
+    if not costs.failed and costs.peak_bytes <= budget:
+      return {label: (costs, report)}
+    chosen.pop()
+  return {}
+
+
+def _greedy_units(run: _Runner, base_report: RematReport, names, fits) -> list:
+  """The units to save: each priced by the analysis (the recompute FLOPs
+  it removes per residual byte it adds over `base_report`), added best
+  first while ``fits(units)`` says the predicted peak fits."""
   run.say(0, None, 'pricing what to save')
   units = ([('name', n) for n in names] + [('role', r) for r in ROLES]
            + [('pattern', p) for p in _costliest_recomputed(base_report)])
@@ -263,27 +284,11 @@ def _greedy_choice(run: _Runner, names, budget, builtins):
     if saved_flops > 0:
       priced.append((saved_flops / max(added_bytes, 1), unit))
   priced.sort(key=lambda p: -p[0])
-
-  # Add units best-first while the predicted peak fits. The prediction is
-  # calibrated on the compiled built-ins (XLA does not turn residual bytes
-  # into peak bytes one for one); the final choice is verified by compiling
-  # it, dropping the last unit added until it fits.
-  predict = _peak_model(builtins)
   chosen = []
   for _, unit in priced:
-    trial = _policy_of([*chosen, unit])
-    if predict(run.report(trial).residual_bytes_per_device) <= budget:
+    if fits([*chosen, unit]):
       chosen.append(unit)
-  chosen = _without_redundant(run, chosen)
-  while chosen:
-    policy = _policy_of(chosen, sites=_sites(base_report, chosen))
-    label = repr(policy)
-    run.say(0, None, f'verifying {label}')
-    costs, report = run.evaluate(label, policy)
-    if not costs.failed and costs.peak_bytes <= budget:
-      return {label: (costs, report)}
-    chosen.pop()
-  return {}
+  return _without_redundant(run, chosen)
 
 
 def _without_redundant(run: _Runner, chosen: list) -> list:
