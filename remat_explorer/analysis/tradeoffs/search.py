@@ -26,6 +26,7 @@ from remat_explorer.analysis.policies.chosen_policy import ROLES, EquationPatter
 from remat_explorer.analysis.tradeoffs.compare import (AS_WRITTEN, AS_WRITTEN_NO_REMAT,
                                              NO_REMAT_LABEL, builtin_policies)
 from remat_explorer.analysis.xla.compiled import CompiledCosts, compile_costs
+from remat_explorer.analysis.split.estimate import CostEstimate, estimate_costs
 from remat_explorer.analysis.context import compiles_run
 from remat_explorer.analysis.program.keywords import check_keywords, entry_point
 from remat_explorer.analysis.policies.policy_info import NO_REMAT
@@ -49,6 +50,9 @@ class Candidate:
   """What the compiled program executes, loops counted (the jaxpr's count
   where XLA's cannot be had)."""
   fits: bool
+  estimated: bool = False
+  """True when the figures are ``estimate_costs``' (``rank_by_estimate``:
+  a candidate not compiled), its fit the predicted one."""
 
 
 @dataclass(frozen=True)
@@ -100,7 +104,8 @@ class SearchResult:
 @entry_point
 def search_policy(f, *args, memory_budget: int | float, argnums=0,
                   has_aux: bool = False, lowering: str | None = None,
-                  progress: Progress | None = None, **kwargs) -> SearchResult:
+                  progress: Progress | None = None, rank_by_estimate: bool = False,
+                  **kwargs) -> SearchResult:
   """Find a policy whose compiled peak fits `memory_budget`, fewest FLOPs.
 
   `memory_budget`: bytes (an int), or a fraction between 0.0 and 1.0 of the
@@ -109,13 +114,24 @@ def search_policy(f, *args, memory_budget: int | float, argnums=0,
   price each choice are per device. The policy holds at other batch and
   sequence sizes (it never looks at sizes); ``SearchResult.to_source()``
   writes it as Python for ``jax.checkpoint``.
+
+  `rank_by_estimate`: rank every candidate by ``estimate_costs`` (nothing
+  compiled) and compile only the finalists: the built-ins a fractional
+  budget is measured between, then the candidates predicted to fit, fewest
+  estimated FLOPs first, until one fits; the answer is compiled and fits,
+  but only the compiled candidates are sure not to beat it.
   """
   check_keywords(search_policy, f, kwargs, memory_budget=memory_budget, argnums=argnums,
-                 has_aux=has_aux, lowering=lowering, progress=progress)
+                 has_aux=has_aux, lowering=lowering, progress=progress,
+                 rank_by_estimate=rank_by_estimate)
   _check_budget_type(memory_budget)
+  if not isinstance(rank_by_estimate, bool):
+    raise TypeError(f'rank_by_estimate must be True or False, got {rank_by_estimate!r}.')
   run = _Runner(f, args, kwargs, argnums, has_aux, lowering, progress)
   names = run.report(builtin_policies()['nothing_saveable']).names_in_program
   policies = builtin_policies(names)
+  if rank_by_estimate:
+    return _search_by_estimate(run, names, policies, memory_budget)
   builtins = {}
   for i, (label, policy) in enumerate(policies.items()):
     run.say(i, len(policies), f'compiling {label}')
@@ -156,10 +172,14 @@ def _check_budget_type(memory_budget) -> None:
     raise ValueError(f'memory_budget={memory_budget} bytes must be positive.')
 
 
-def _resolve_budget(memory_budget, builtins) -> int:
-  nothing = builtins['nothing_saveable'][0]
+def _resolve_budget(memory_budget, builtins, floor=None) -> int:
+  """The budget in bytes; `builtins` holds nothing_saveable's and
+  everything_saveable's compiled (costs, report) for a fraction, `floor`
+  the step's argument and output bytes where nothing_saveable's is not."""
   if isinstance(memory_budget, int):
-    floor = None if nothing.failed else nothing.argument_bytes + nothing.output_bytes
+    nothing = builtins.get('nothing_saveable', (None,))[0]
+    if floor is None and nothing is not None and not nothing.failed:
+      floor = nothing.argument_bytes + nothing.output_bytes
     if floor is not None and memory_budget < floor:
       raise ValueError(
           f'memory_budget={memory_budget} is bytes, fewer than the step\'s '
@@ -167,7 +187,7 @@ def _resolve_budget(memory_budget, builtins) -> int:
           'can fit it. For a fraction of the way from nothing_saveable to '
           'everything_saveable pass a float (memory_budget=1.0, 0.5, ...).')
     return memory_budget
-  low = nothing.peak_bytes
+  low = builtins['nothing_saveable'][0].peak_bytes
   high = builtins['everything_saveable'][0].peak_bytes
   return int(low + memory_budget * (high - low))
 
@@ -198,16 +218,23 @@ class _Runner:
       self._evaluated[label] = costs, self.report(policy)
     return self._evaluated[label]
 
-  def best(self, budget, evaluated) -> SearchResult:
+  def estimate(self, label, policy) -> CostEstimate:
+    self.policies.setdefault(label, policy)
+    return estimate_costs(self.f, *self.args, policy=policy, **self.options)
+
+  def best(self, budget, evaluated, estimated=()) -> SearchResult:
+    """The answer among the compiled candidates `evaluated`; `estimated`:
+    the others, as Candidates of estimated figures."""
     candidates = tuple(
         Candidate(label, c.peak_bytes, _executed(c, r),
                   fits=not c.failed and c.peak_bytes <= budget)
         for label, (c, r) in evaluated.items())
     fitting = [c for c in candidates if c.fits]
+    compiled, candidates = candidates, candidates + tuple(estimated)
     # Fewest FLOPs, then the lowest peak: nothing that fits is better on
     # both, and nothing that does not fit has a lower peak. On a tie the
     # program as it is wins: nothing to change.
-    pool = fitting or [min(candidates, key=lambda c: c.peak_bytes or float('inf'))]
+    pool = fitting or [min(compiled, key=lambda c: c.peak_bytes or float('inf'))]
     chosen = min(pool, key=lambda c: (c.flops, c.peak_bytes, c.label not in _OWN_LABELS))
     costs, report = evaluated[chosen.label]
     policy = self.policies[chosen.label]
@@ -217,6 +244,68 @@ class _Runner:
         explanation=_explain(chosen, policy, budget, candidates, bool(fitting)),
         compiles_used=compiles_run() - self.compiles_before,
         candidates=candidates, costs=costs, report=report)
+
+
+def _search_by_estimate(run: _Runner, names, policies, memory_budget) -> SearchResult:
+  """``search_policy`` ranking by ``estimate_costs``, compiling finalists."""
+  own = _own_rows(run)
+  estimates = {label: run.estimate(label, policy)
+               for label, policy in {**policies, **own}.items()}
+  compiled = {}
+  if not isinstance(memory_budget, int):  # a fraction of the compiled span
+    for label in ('nothing_saveable', 'everything_saveable'):
+      run.say(0, None, f'compiling {label}')
+      compiled[label] = run.evaluate(label, policies[label])
+  nothing = estimates['nothing_saveable']
+  budget = _resolve_budget(memory_budget, compiled,
+                           floor=nothing.argument_bytes + nothing.output_bytes)
+  predict = _calibrated(estimates, compiled)
+  base_report = run.report(policies['nothing_saveable'])
+  units = _greedy_units(run, base_report, names, lambda units: predict(
+      run.estimate(repr(_policy_of(units)), _policy_of(units)).peak_bytes) <= budget)
+  if units:
+    policy = _policy_of(units, sites=_sites(base_report, units))
+    estimates[repr(policy)] = run.estimate(repr(policy), policy)
+  # Fewest estimated FLOPs first among those predicted to fit; compiled in
+  # turn until the next could not beat the best that fits.
+  rank = lambda label: (estimates[label].flops, estimates[label].peak_bytes,
+                        label not in _OWN_LABELS)
+  finalists = sorted((label for label, e in estimates.items()
+                      if predict(e.peak_bytes) <= budget), key=rank)
+  finalists = finalists or [min(estimates, key=lambda label: estimates[label].peak_bytes)]
+  best = None
+  for label in finalists:
+    if best is not None and rank(label) >= rank(best):
+      break
+    run.say(0, None, f'verifying {label}')
+    costs, _ = compiled[label] = run.evaluate(label, run.policies[label])
+    if not costs.failed and costs.peak_bytes <= budget:
+      best = label
+  if best is None and 'nothing_saveable' not in compiled:  # the least memory
+    compiled['nothing_saveable'] = run.evaluate('nothing_saveable',
+                                                policies['nothing_saveable'])
+  return run.best(budget, compiled, [
+      Candidate(label, e.peak_bytes, e.flops, fits=predict(e.peak_bytes) <= budget,
+                estimated=True)
+      for label, e in estimates.items() if label not in compiled])
+
+
+def _calibrated(estimates, compiled) -> Callable[[int], float]:
+  """Compiled peak as a function of estimated peak, through the points of
+  the policies both estimated and compiled: a line through the lowest and
+  highest where it rises, else their mean ratio; the estimate itself
+  without any."""
+  points = sorted((estimates[label].peak_bytes, costs.peak_bytes)
+                  for label, (costs, _) in compiled.items()
+                  if label in estimates and not costs.failed)
+  if len(points) >= 2 and points[-1][0] > points[0][0] and points[-1][1] > points[0][1]:
+    (x0, y0), (x1, y1) = points[0], points[-1]
+    slope = (y1 - y0) / (x1 - x0)
+    return lambda estimate: y0 + slope * (estimate - x0)
+  if points:  # the mean ratio where no rising line goes through them
+    ratio = float(np.mean([y / x for x, y in points]))
+    return lambda estimate: estimate * ratio
+  return float
 
 
 def _executed(costs: CompiledCosts, report: RematReport) -> float:
