@@ -12,6 +12,10 @@ the result is verified by compiling it. The built-in policies, the program
 as written and the program without remat are compiled too and are
 candidates, so the answer is never beaten on both peak and FLOPs by any of
 them: it is on the Pareto front of everything the search compiled.
+
+``rank_by_estimate=True`` trades that guarantee for compiles: every
+candidate is priced by ``estimate_costs`` (its jaxpr, nothing compiled) and
+only the finalists are compiled, the answer among them.
 """
 
 from __future__ import annotations
