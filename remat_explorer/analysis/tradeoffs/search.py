@@ -26,7 +26,8 @@ from typing import Any, Callable
 import numpy as np
 
 from remat_explorer.analysis.split.analyze import analyze
-from remat_explorer.analysis.policies.chosen_policy import ROLES, EquationPattern, SaveChosen
+from remat_explorer.analysis.policies.chosen_policy import SaveChosen
+from remat_explorer.analysis.tradeoffs.save_units import greedy_units, policy_of, user_sites
 from remat_explorer.analysis.tradeoffs.compare import (AS_WRITTEN, AS_WRITTEN_NO_REMAT,
                                              NO_REMAT_LABEL, builtin_policies)
 from remat_explorer.analysis.xla.compiled import CompiledCosts, compile_costs
@@ -36,10 +37,6 @@ from remat_explorer.analysis.program.keywords import check_keywords, entry_point
 from remat_explorer.analysis.policies.policy_info import NO_REMAT
 from remat_explorer.analysis.split.report import RematReport, plain_data
 from remat_explorer.analysis.units import format_bytes, format_flops
-
-# At most this many equation patterns are priced, the ones whose recompute
-# costs most first: each costs one analysis.
-MAX_PATTERN_UNITS = 16
 
 Progress = Callable[[int, 'int | None', str], None]
 """``progress(done, total, label)``; `total` is None while it is not known
@@ -265,10 +262,10 @@ def _search_by_estimate(run: _Runner, names, policies, memory_budget) -> SearchR
                            floor=nothing.argument_bytes + nothing.output_bytes)
   predict = _calibrated(estimates, compiled)
   base_report = run.report(policies['nothing_saveable'])
-  units = _greedy_units(run, base_report, names, lambda units: predict(
-      run.estimate(repr(_policy_of(units)), _policy_of(units)).peak_bytes) <= budget)
+  units = greedy_units(run, base_report, names, lambda units: predict(
+      run.estimate(repr(policy_of(units)), policy_of(units)).peak_bytes) <= budget)
   if units:
-    policy = _policy_of(units, sites=_sites(base_report, units))
+    policy = policy_of(units, sites=user_sites(base_report, units))
     estimates[repr(policy)] = run.estimate(repr(policy), policy)
   # Fewest estimated FLOPs first among those predicted to fit; compiled in
   # turn until the next could not beat the best that fits.
@@ -349,10 +346,10 @@ def _greedy_choice(run: _Runner, names, budget, builtins):
   # turn residual bytes into peak bytes one for one); the final choice is
   # verified by compiling it, dropping the last unit added until it fits.
   predict = _peak_model(builtins)
-  chosen = _greedy_units(run, base_report, names, lambda units: predict(
-      run.report(_policy_of(units)).residual_bytes_per_device) <= budget)
+  chosen = greedy_units(run, base_report, names, lambda units: predict(
+      run.report(policy_of(units)).residual_bytes_per_device) <= budget)
   while chosen:
-    policy = _policy_of(chosen, sites=_sites(base_report, chosen))
+    policy = policy_of(chosen, sites=user_sites(base_report, chosen))
     label = repr(policy)
     run.say(0, None, f'verifying {label}')
     costs, report = run.evaluate(label, policy)
@@ -360,44 +357,6 @@ def _greedy_choice(run: _Runner, names, budget, builtins):
       return {label: (costs, report)}
     chosen.pop()
   return {}
-
-
-def _greedy_units(run: _Runner, base_report: RematReport, names, fits) -> list:
-  """The units to save: each priced by the analysis (the recompute FLOPs
-  it removes per residual byte it adds over `base_report`), added best
-  first while ``fits(units)`` says the predicted peak fits."""
-  run.say(0, None, 'pricing what to save')
-  units = ([('name', n) for n in names] + [('role', r) for r in ROLES]
-           + [('pattern', p) for p in _costliest_recomputed(base_report)])
-  priced = []
-  for unit in units:
-    report = run.report(_policy_of([unit]))
-    saved_flops = base_report.total_flops - report.total_flops
-    added_bytes = report.residual_bytes_per_device - base_report.residual_bytes_per_device
-    if saved_flops > 0:
-      priced.append((saved_flops / max(added_bytes, 1), unit))
-  priced.sort(key=lambda p: -p[0])
-  chosen = []
-  for _, unit in priced:
-    if fits([*chosen, unit]):
-      chosen.append(unit)
-  return _without_redundant(run, chosen)
-
-
-def _without_redundant(run: _Runner, chosen: list) -> list:
-  """`chosen` without the units that change nothing the others do not
-  already save (a pattern of dots once their role is chosen, ...): fewer,
-  clearer handles in the policy and its source."""
-  def effect(units):
-    report = run.report(_policy_of(units))
-    return report.total_flops, report.residual_bytes_per_device
-  full = effect(chosen)
-  kept = list(chosen)
-  for unit in reversed(chosen):
-    trial = [u for u in kept if u != unit]
-    if trial and effect(trial) == full:
-      kept = trial
-  return kept
 
 
 def _peak_model(builtins) -> Callable[[int], float]:
@@ -411,49 +370,3 @@ def _peak_model(builtins) -> Callable[[int], float]:
     slope = float(np.clip(np.cov(xs, ys, bias=True)[0, 1] / xs.var(), 0.0, 1.0))
   intercept = float(np.mean(ys - slope * xs))
   return lambda residual_bytes: intercept + slope * residual_bytes
-
-
-def _recomputed_patterns(report: RematReport):
-  """(pattern, recomputed equation, block) for each equation the blocks
-  recompute that a pattern can name (not those inside a call of the
-  staged half, reached through their name or role only)."""
-  for block in report.blocks:
-    if not block.differentiated or block.staged_jaxpr is None:
-      continue
-    for e in block.recomputed:
-      if e.index is None or e.flops <= 0:
-        continue
-      pattern = EquationPattern.of_equation(block.staged_jaxpr.eqns[e.index])
-      if pattern is not None:
-        yield pattern, e, block
-
-
-def _costliest_recomputed(report: RematReport) -> list[EquationPattern]:
-  """The patterns of recomputed equations by the FLOPs their recompute
-  costs in all (trip counts applied), costliest first, at most
-  ``MAX_PATTERN_UNITS``."""
-  flops: dict[EquationPattern, int] = {}
-  for pattern, e, block in _recomputed_patterns(report):
-    flops[pattern] = flops.get(pattern, 0) + e.flops * (block.trip_count or 1)
-  return sorted(flops, key=lambda p: (-flops[p], p))[:MAX_PATTERN_UNITS]
-
-
-def _sites(report: RematReport, units) -> tuple[str, ...]:
-  """The lines of the user's code the chosen patterns cover."""
-  patterns = {v for kind, v in units if kind == 'pattern'}
-  found = []
-  for pattern, e, _ in _recomputed_patterns(report):
-    if pattern in patterns:
-      where = ' · '.join(x for x in (e.source, e.module_path) if x)
-      if where and where not in found:
-        found.append(where)
-  return tuple(found)
-
-
-def _policy_of(units, sites=()) -> SaveChosen:
-  return SaveChosen(
-      names=frozenset(v for kind, v in units if kind == 'name'),
-      roles=frozenset(v for kind, v in units if kind == 'role'),
-      patterns=frozenset(v for kind, v in units if kind == 'pattern'),
-      sites=tuple(sites))
-
