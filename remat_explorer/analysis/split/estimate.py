@@ -32,7 +32,8 @@ from remat_explorer.analysis.split.jaxpr_memory import peak_bytes, value_bytes
 class CostEstimate:
   """Estimated figures of one training step (outputs and gradients), from
   its jaxpr: a model of what XLA would do, not a measurement (the compiled
-  figures, ``compile_costs``, replace it). Sizes in bytes."""
+  figures, ``compile_costs``, replace it). Sizes in bytes, of the whole
+  program (a sharded one's are not divided among its devices)."""
   peak_bytes: int
   """Arguments + outputs + the most temporaries the liveness model holds at
   once (fused elementwise chains not materialised), less what donated
@@ -80,6 +81,10 @@ def estimate_costs(f, *args, policy=None, lowering: str | None = None,
   if cached is not None:
     return cached
   program, blocks, notes = problem.program_with_blocks(policy, lowering)
+  if any(len(getattr(getattr(x, 'sharding', None), 'device_set', ())) > 1
+         for x in problem.leaves):
+    notes = [*notes, 'estimated for the whole program, not per device: the '
+             'arguments are spread over several devices']
   step = gradient_function(problem.program_function(program, blocks), problem)
   closed = jax.make_jaxpr(step)(*problem.leaves)
   estimate = _estimate(closed, problem.traced_positions(donate),
