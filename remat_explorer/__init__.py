@@ -11,7 +11,8 @@ from remat_explorer.engine import (Offloadable, Recompute, ScanScheduleCosts,
                                    lowering_strategy, print_saved_residuals,
                                    remat, saved_residuals, scan_schedule_costs)
 from remat_explorer.analysis import (analyze, clear_caches, compare, compile_costs,
-                                     live_at_peak, residuals_at_peak, search_policy)
+                                     estimate_costs, live_at_peak, residuals_at_peak,
+                                     search_policy)
 
 __version__ = '0.1.0'
 
@@ -20,7 +21,7 @@ __all__ = [
     'saved_residuals', 'print_saved_residuals', 'Saveable', 'Recompute',
     'Offloadable', 'lowering_strategy', 'checkpointed_scan',
     'scan_schedule_costs', 'ScanScheduleCosts', 'analyze', 'compile_costs',
-    'compare', 'search_policy', 'live_at_peak', 'residuals_at_peak', 'clear_caches', 'explore',
+    'estimate_costs', 'compare', 'search_policy', 'live_at_peak', 'residuals_at_peak', 'clear_caches', 'explore',
     'Explorer',
 ]
 

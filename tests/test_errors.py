@@ -145,8 +145,10 @@ def _counted_loss():
     ('analyze', {}, 'policy= (an option of analyze)'),
     ('compile_costs', {}, 'policy= (an option of compile_costs)'),
     ('compare', {}, 'policies= (an option of compare)'),
-    ('search_policy', {'memory_budget': 0.5}, 'policy= (an option of analyze and '
-                                               'compile_costs, not of search_policy)'),
+    ('estimate_costs', {}, 'policy= (an option of estimate_costs)'),
+    ('search_policy', {'memory_budget': 0.5}, 'policy= (an option of analyze, '
+                                               'compile_costs and estimate_costs, not '
+                                               'of search_policy)'),
 ])
 def test_a_misspelt_option_is_refused_before_tracing(entry, extra, meant):
   loss, calls = _counted_loss()

@@ -6,6 +6,9 @@
 * ``compile_costs(f, *args, policy=...) -> CompiledCosts``: XLA's compiled
   memory, FLOPs and times for the training step (the loss and its gradient),
   and a memory timeline.
+* ``estimate_costs(f, *args, policy=...) -> CostEstimate``: the training
+  step's peak memory and FLOPs estimated from its jaxpr in milliseconds,
+  nothing compiled (a model, later replaced by ``compile_costs``' figures).
 * ``compare(f, *args) -> Comparison``: every policy side by side.
 * ``search_policy(f, *args, memory_budget=...) -> SearchResult``: a policy
   that fits a memory budget with the fewest FLOPs.
@@ -23,7 +26,7 @@ checks it); each subpackage's ``__init__`` lists its modules:
 3. ``program``: the function and its arguments checked, its remat blocks
    found and their policies set, its devices.
 4. ``split``: ``analyze`` and the ``RematReport`` (residuals, recompute,
-   FLOPs, the plain graph), from the jaxprs.
+   FLOPs, the plain graph), and ``estimate_costs``, from the jaxprs.
 5. ``xla``: ``compile_costs`` and the readings of XLA's compiled program
    (memory timeline, peak, executed FLOPs, collectives).
 6. ``tradeoffs``: ``compare``, ``search_policy`` and scan layouts.
@@ -41,6 +44,7 @@ from remat_explorer.analysis.errors import error_summary
 from remat_explorer.analysis.tradeoffs.compare import (Comparison, PolicyRow,
                                              builtin_policies, compare)
 from remat_explorer.analysis.xla.compiled import CompiledCosts, compile_costs
+from remat_explorer.analysis.split.estimate import CostEstimate, estimate_costs
 from remat_explorer.analysis.xla.peak import (PeakBuffer, PeakExplanation, PeakResidual,
                                          explain_peak, live_at_peak, residuals_at_peak)
 from remat_explorer.analysis.policies.policy_info import NO_REMAT, describe_policy
@@ -54,7 +58,8 @@ from remat_explorer.analysis.xla.timeline import Buffer, MemoryTimeline
 
 __all__ = [
     'analyze', 'RematReport', 'Residual', 'BlockReport', 'RecomputedEquation',
-    'EquationCost', 'compile_costs', 'CompiledCosts', 'MemoryTimeline', 'Buffer',
+    'EquationCost', 'compile_costs', 'CompiledCosts', 'estimate_costs',
+    'CostEstimate', 'MemoryTimeline', 'Buffer',
     'compare', 'Comparison', 'PolicyRow', 'builtin_policies', 'NO_REMAT',
     'describe_policy', 'search_policy', 'SearchResult', 'SaveChosen',
     'EquationPattern', 'parse_policy',

@@ -8,4 +8,6 @@ Above ``policies``; everything that traces or compiles starts here.
 * ``blocks``: the remat blocks of a program found, and their policies set.
 * ``keywords``: the options each entry point takes, checked before tracing.
 * ``devices``: which devices and mesh the program runs on.
+* ``step``: the training step (the loss and its gradient) a policy's
+  figures are taken from.
 """

@@ -77,7 +77,7 @@ def _unknown(entry: str, name: str, fn, options, names) -> str:
     if other != entry:
       for option in _options(fn):
         takers.setdefault(option, []).append(other)
-  others = {option: f'an option of {" and ".join(names)}, not of {entry}'
+  others = {option: f'an option of {_listed(names)}, not of {entry}'
             for option, names in takers.items()}
   hint = ''
   for candidates in (own, others):
@@ -87,6 +87,11 @@ def _unknown(entry: str, name: str, fn, options, names) -> str:
       break
   return (f'{entry} got the keyword {name}=, which is neither one of its options '
           f'nor an argument of {function_name(fn)}.{hint}')
+
+
+def _listed(names: list[str]) -> str:
+  """``a``, ``a and b``, ``a, b and c``."""
+  return ' and '.join(filter(None, (', '.join(names[:-1]), names[-1])))
 
 
 def _same(value, default) -> bool:

@@ -7,6 +7,9 @@ is asked for residual shardings only).
 * ``analyze``: ``analyze(f, *args, policy=...) -> RematReport``.
 * ``report``: the plain data it returns (residuals, blocks, recompute).
 * ``flops``: FLOP counts of jaxprs, by XLA's conventions.
+* ``estimate``: ``estimate_costs``, the training step's peak and FLOPs
+  estimated from its jaxpr, before any compile.
+* ``jaxpr_memory``: the liveness model of a jaxpr's memory it uses.
 * ``graph``: the split of each block as a plain graph, for diagrams.
 * ``sharding``: what each residual costs per device.
 """

@@ -205,7 +205,7 @@ def _as_jaxpr(jaxpr: Jaxpr | ClosedJaxpr) -> Jaxpr:
   return jaxpr.jaxpr if isinstance(jaxpr, ClosedJaxpr) else jaxpr
 
 
-def _live_equations(jaxpr: Jaxpr) -> list[bool]:
+def live_equations(jaxpr: Jaxpr) -> list[bool]:
   """Which equations feed an output or have effects; XLA drops the rest."""
   used = {v for v in jaxpr.outvars if isinstance(v, Var)}
   live = []
@@ -220,7 +220,7 @@ def _costs(jaxpr: Jaxpr | ClosedJaxpr
            ) -> Iterator[tuple[JaxprEqn, _Cost, int | None, str]]:
   """(equation, cost, trip count, note) for each equation of `jaxpr`."""
   jaxpr = _as_jaxpr(jaxpr)
-  for eqn, live in zip(jaxpr.eqns, _live_equations(jaxpr)):
+  for eqn, live in zip(jaxpr.eqns, live_equations(jaxpr)):
     if live:
       yield (eqn, *_eqn_cost(eqn))
     else:

@@ -5,5 +5,6 @@ The top layer of the analysis, built on ``split`` and ``xla``.
 * ``compare``: every policy side by side, the Pareto front and the
   recommendation.
 * ``search``: the policy that fits a memory budget with the fewest FLOPs.
+* ``save_units``: what a search can save, priced, and its greedy choice.
 * ``layouts``: ``checkpointed_scan``'s schedules, predicted beside measured.
 """

@@ -12,6 +12,10 @@ the result is verified by compiling it. The built-in policies, the program
 as written and the program without remat are compiled too and are
 candidates, so the answer is never beaten on both peak and FLOPs by any of
 them: it is on the Pareto front of everything the search compiled.
+
+``rank_by_estimate=True`` trades that guarantee for compiles: every
+candidate is priced by ``estimate_costs`` (its jaxpr, nothing compiled) and
+only the finalists are compiled, the answer among them.
 """
 
 from __future__ import annotations
@@ -22,19 +26,17 @@ from typing import Any, Callable
 import numpy as np
 
 from remat_explorer.analysis.split.analyze import analyze
-from remat_explorer.analysis.policies.chosen_policy import ROLES, EquationPattern, SaveChosen
+from remat_explorer.analysis.policies.chosen_policy import SaveChosen
+from remat_explorer.analysis.tradeoffs.save_units import greedy_units, policy_of, user_sites
 from remat_explorer.analysis.tradeoffs.compare import (AS_WRITTEN, AS_WRITTEN_NO_REMAT,
                                              NO_REMAT_LABEL, builtin_policies)
 from remat_explorer.analysis.xla.compiled import CompiledCosts, compile_costs
+from remat_explorer.analysis.split.estimate import CostEstimate, estimate_costs
 from remat_explorer.analysis.context import compiles_run
 from remat_explorer.analysis.program.keywords import check_keywords, entry_point
 from remat_explorer.analysis.policies.policy_info import NO_REMAT
 from remat_explorer.analysis.split.report import RematReport, plain_data
 from remat_explorer.analysis.units import format_bytes, format_flops
-
-# At most this many equation patterns are priced, the ones whose recompute
-# costs most first: each costs one analysis.
-MAX_PATTERN_UNITS = 16
 
 Progress = Callable[[int, 'int | None', str], None]
 """``progress(done, total, label)``; `total` is None while it is not known
@@ -49,6 +51,9 @@ class Candidate:
   """What the compiled program executes, loops counted (the jaxpr's count
   where XLA's cannot be had)."""
   fits: bool
+  estimated: bool = False
+  """True when the figures are ``estimate_costs``' (``rank_by_estimate``:
+  a candidate not compiled), its fit the predicted one."""
 
 
 @dataclass(frozen=True)
@@ -100,7 +105,8 @@ class SearchResult:
 @entry_point
 def search_policy(f, *args, memory_budget: int | float, argnums=0,
                   has_aux: bool = False, lowering: str | None = None,
-                  progress: Progress | None = None, **kwargs) -> SearchResult:
+                  progress: Progress | None = None, rank_by_estimate: bool = False,
+                  **kwargs) -> SearchResult:
   """Find a policy whose compiled peak fits `memory_budget`, fewest FLOPs.
 
   `memory_budget`: bytes (an int), or a fraction between 0.0 and 1.0 of the
@@ -109,13 +115,24 @@ def search_policy(f, *args, memory_budget: int | float, argnums=0,
   price each choice are per device. The policy holds at other batch and
   sequence sizes (it never looks at sizes); ``SearchResult.to_source()``
   writes it as Python for ``jax.checkpoint``.
+
+  `rank_by_estimate`: rank every candidate by ``estimate_costs`` (nothing
+  compiled) and compile only the finalists: the built-ins a fractional
+  budget is measured between, then the candidates predicted to fit, fewest
+  estimated FLOPs first, until one fits; the answer is compiled and fits,
+  but only the compiled candidates are sure not to beat it.
   """
   check_keywords(search_policy, f, kwargs, memory_budget=memory_budget, argnums=argnums,
-                 has_aux=has_aux, lowering=lowering, progress=progress)
+                 has_aux=has_aux, lowering=lowering, progress=progress,
+                 rank_by_estimate=rank_by_estimate)
   _check_budget_type(memory_budget)
+  if not isinstance(rank_by_estimate, bool):
+    raise TypeError(f'rank_by_estimate must be True or False, got {rank_by_estimate!r}.')
   run = _Runner(f, args, kwargs, argnums, has_aux, lowering, progress)
   names = run.report(builtin_policies()['nothing_saveable']).names_in_program
   policies = builtin_policies(names)
+  if rank_by_estimate:
+    return _search_by_estimate(run, names, policies, memory_budget)
   builtins = {}
   for i, (label, policy) in enumerate(policies.items()):
     run.say(i, len(policies), f'compiling {label}')
@@ -156,10 +173,14 @@ def _check_budget_type(memory_budget) -> None:
     raise ValueError(f'memory_budget={memory_budget} bytes must be positive.')
 
 
-def _resolve_budget(memory_budget, builtins) -> int:
-  nothing = builtins['nothing_saveable'][0]
+def _resolve_budget(memory_budget, builtins, floor=None) -> int:
+  """The budget in bytes; `builtins` holds nothing_saveable's and
+  everything_saveable's compiled (costs, report) for a fraction, `floor`
+  the step's argument and output bytes where nothing_saveable's is not."""
   if isinstance(memory_budget, int):
-    floor = None if nothing.failed else nothing.argument_bytes + nothing.output_bytes
+    nothing = builtins.get('nothing_saveable', (None,))[0]
+    if floor is None and nothing is not None and not nothing.failed:
+      floor = nothing.argument_bytes + nothing.output_bytes
     if floor is not None and memory_budget < floor:
       raise ValueError(
           f'memory_budget={memory_budget} is bytes, fewer than the step\'s '
@@ -167,7 +188,7 @@ def _resolve_budget(memory_budget, builtins) -> int:
           'can fit it. For a fraction of the way from nothing_saveable to '
           'everything_saveable pass a float (memory_budget=1.0, 0.5, ...).')
     return memory_budget
-  low = nothing.peak_bytes
+  low = builtins['nothing_saveable'][0].peak_bytes
   high = builtins['everything_saveable'][0].peak_bytes
   return int(low + memory_budget * (high - low))
 
@@ -198,16 +219,23 @@ class _Runner:
       self._evaluated[label] = costs, self.report(policy)
     return self._evaluated[label]
 
-  def best(self, budget, evaluated) -> SearchResult:
+  def estimate(self, label, policy) -> CostEstimate:
+    self.policies.setdefault(label, policy)
+    return estimate_costs(self.f, *self.args, policy=policy, **self.options)
+
+  def best(self, budget, evaluated, estimated=()) -> SearchResult:
+    """The answer among the compiled candidates `evaluated`; `estimated`:
+    the others, as Candidates of estimated figures."""
     candidates = tuple(
         Candidate(label, c.peak_bytes, _executed(c, r),
                   fits=not c.failed and c.peak_bytes <= budget)
         for label, (c, r) in evaluated.items())
     fitting = [c for c in candidates if c.fits]
+    compiled, candidates = candidates, candidates + tuple(estimated)
     # Fewest FLOPs, then the lowest peak: nothing that fits is better on
     # both, and nothing that does not fit has a lower peak. On a tie the
     # program as it is wins: nothing to change.
-    pool = fitting or [min(candidates, key=lambda c: c.peak_bytes or float('inf'))]
+    pool = fitting or [min(compiled, key=lambda c: c.peak_bytes or float('inf'))]
     chosen = min(pool, key=lambda c: (c.flops, c.peak_bytes, c.label not in _OWN_LABELS))
     costs, report = evaluated[chosen.label]
     policy = self.policies[chosen.label]
@@ -217,6 +245,68 @@ class _Runner:
         explanation=_explain(chosen, policy, budget, candidates, bool(fitting)),
         compiles_used=compiles_run() - self.compiles_before,
         candidates=candidates, costs=costs, report=report)
+
+
+def _search_by_estimate(run: _Runner, names, policies, memory_budget) -> SearchResult:
+  """``search_policy`` ranking by ``estimate_costs``, compiling finalists."""
+  own = _own_rows(run)
+  estimates = {label: run.estimate(label, policy)
+               for label, policy in {**policies, **own}.items()}
+  compiled = {}
+  if not isinstance(memory_budget, int):  # a fraction of the compiled span
+    for label in ('nothing_saveable', 'everything_saveable'):
+      run.say(0, None, f'compiling {label}')
+      compiled[label] = run.evaluate(label, policies[label])
+  nothing = estimates['nothing_saveable']
+  budget = _resolve_budget(memory_budget, compiled,
+                           floor=nothing.argument_bytes + nothing.output_bytes)
+  predict = _calibrated(estimates, compiled)
+  base_report = run.report(policies['nothing_saveable'])
+  units = greedy_units(run, base_report, names, lambda units: predict(
+      run.estimate(repr(policy_of(units)), policy_of(units)).peak_bytes) <= budget)
+  if units:
+    policy = policy_of(units, sites=user_sites(base_report, units))
+    estimates[repr(policy)] = run.estimate(repr(policy), policy)
+  # Fewest estimated FLOPs first among those predicted to fit; compiled in
+  # turn until the next could not beat the best that fits.
+  rank = lambda label: (estimates[label].flops, estimates[label].peak_bytes,
+                        label not in _OWN_LABELS)
+  finalists = sorted((label for label, e in estimates.items()
+                      if predict(e.peak_bytes) <= budget), key=rank)
+  finalists = finalists or [min(estimates, key=lambda label: estimates[label].peak_bytes)]
+  best = None
+  for label in finalists:
+    if best is not None and rank(label) >= rank(best):
+      break
+    run.say(0, None, f'verifying {label}')
+    costs, _ = compiled[label] = run.evaluate(label, run.policies[label])
+    if not costs.failed and costs.peak_bytes <= budget:
+      best = label
+  if best is None and 'nothing_saveable' not in compiled:  # the least memory
+    compiled['nothing_saveable'] = run.evaluate('nothing_saveable',
+                                                policies['nothing_saveable'])
+  return run.best(budget, compiled, [
+      Candidate(label, e.peak_bytes, e.flops, fits=predict(e.peak_bytes) <= budget,
+                estimated=True)
+      for label, e in estimates.items() if label not in compiled])
+
+
+def _calibrated(estimates, compiled) -> Callable[[int], float]:
+  """Compiled peak as a function of estimated peak, through the points of
+  the policies both estimated and compiled: a line through the lowest and
+  highest where it rises, else their mean ratio; the estimate itself
+  without any."""
+  points = sorted((estimates[label].peak_bytes, costs.peak_bytes)
+                  for label, (costs, _) in compiled.items()
+                  if label in estimates and not costs.failed)
+  if len(points) >= 2 and points[-1][0] > points[0][0] and points[-1][1] > points[0][1]:
+    (x0, y0), (x1, y1) = points[0], points[-1]
+    slope = (y1 - y0) / (x1 - x0)
+    return lambda estimate: y0 + slope * (estimate - x0)
+  if points:  # the mean ratio where no rising line goes through them
+    ratio = float(np.mean([y / x for x, y in points]))
+    return lambda estimate: estimate * ratio
+  return float
 
 
 def _executed(costs: CompiledCosts, report: RematReport) -> float:
@@ -252,31 +342,14 @@ def _greedy_choice(run: _Runner, names, budget, builtins):
   base_costs, base_report = builtins['nothing_saveable']
   if base_costs.failed:
     return {}
-  run.say(0, None, 'pricing what to save')
-  units = ([('name', n) for n in names] + [('role', r) for r in ROLES]
-           + [('pattern', p) for p in _costliest_recomputed(base_report)])
-  priced = []
-  for unit in units:
-    report = run.report(_policy_of([unit]))
-    saved_flops = base_report.total_flops - report.total_flops
-    added_bytes = report.residual_bytes_per_device - base_report.residual_bytes_per_device
-    if saved_flops > 0:
-      priced.append((saved_flops / max(added_bytes, 1), unit))
-  priced.sort(key=lambda p: -p[0])
-
-  # Add units best-first while the predicted peak fits. The prediction is
-  # calibrated on the compiled built-ins (XLA does not turn residual bytes
-  # into peak bytes one for one); the final choice is verified by compiling
-  # it, dropping the last unit added until it fits.
+  # The prediction is calibrated on the compiled built-ins (XLA does not
+  # turn residual bytes into peak bytes one for one); the final choice is
+  # verified by compiling it, dropping the last unit added until it fits.
   predict = _peak_model(builtins)
-  chosen = []
-  for _, unit in priced:
-    trial = _policy_of([*chosen, unit])
-    if predict(run.report(trial).residual_bytes_per_device) <= budget:
-      chosen.append(unit)
-  chosen = _without_redundant(run, chosen)
+  chosen = greedy_units(run, base_report, names, lambda units: predict(
+      run.report(policy_of(units)).residual_bytes_per_device) <= budget)
   while chosen:
-    policy = _policy_of(chosen, sites=_sites(base_report, chosen))
+    policy = policy_of(chosen, sites=user_sites(base_report, chosen))
     label = repr(policy)
     run.say(0, None, f'verifying {label}')
     costs, report = run.evaluate(label, policy)
@@ -284,22 +357,6 @@ def _greedy_choice(run: _Runner, names, budget, builtins):
       return {label: (costs, report)}
     chosen.pop()
   return {}
-
-
-def _without_redundant(run: _Runner, chosen: list) -> list:
-  """`chosen` without the units that change nothing the others do not
-  already save (a pattern of dots once their role is chosen, ...): fewer,
-  clearer handles in the policy and its source."""
-  def effect(units):
-    report = run.report(_policy_of(units))
-    return report.total_flops, report.residual_bytes_per_device
-  full = effect(chosen)
-  kept = list(chosen)
-  for unit in reversed(chosen):
-    trial = [u for u in kept if u != unit]
-    if trial and effect(trial) == full:
-      kept = trial
-  return kept
 
 
 def _peak_model(builtins) -> Callable[[int], float]:
@@ -313,49 +370,3 @@ def _peak_model(builtins) -> Callable[[int], float]:
     slope = float(np.clip(np.cov(xs, ys, bias=True)[0, 1] / xs.var(), 0.0, 1.0))
   intercept = float(np.mean(ys - slope * xs))
   return lambda residual_bytes: intercept + slope * residual_bytes
-
-
-def _recomputed_patterns(report: RematReport):
-  """(pattern, recomputed equation, block) for each equation the blocks
-  recompute that a pattern can name (not those inside a call of the
-  staged half, reached through their name or role only)."""
-  for block in report.blocks:
-    if not block.differentiated or block.staged_jaxpr is None:
-      continue
-    for e in block.recomputed:
-      if e.index is None or e.flops <= 0:
-        continue
-      pattern = EquationPattern.of_equation(block.staged_jaxpr.eqns[e.index])
-      if pattern is not None:
-        yield pattern, e, block
-
-
-def _costliest_recomputed(report: RematReport) -> list[EquationPattern]:
-  """The patterns of recomputed equations by the FLOPs their recompute
-  costs in all (trip counts applied), costliest first, at most
-  ``MAX_PATTERN_UNITS``."""
-  flops: dict[EquationPattern, int] = {}
-  for pattern, e, block in _recomputed_patterns(report):
-    flops[pattern] = flops.get(pattern, 0) + e.flops * (block.trip_count or 1)
-  return sorted(flops, key=lambda p: (-flops[p], p))[:MAX_PATTERN_UNITS]
-
-
-def _sites(report: RematReport, units) -> tuple[str, ...]:
-  """The lines of the user's code the chosen patterns cover."""
-  patterns = {v for kind, v in units if kind == 'pattern'}
-  found = []
-  for pattern, e, _ in _recomputed_patterns(report):
-    if pattern in patterns:
-      where = ' · '.join(x for x in (e.source, e.module_path) if x)
-      if where and where not in found:
-        found.append(where)
-  return tuple(found)
-
-
-def _policy_of(units, sites=()) -> SaveChosen:
-  return SaveChosen(
-      names=frozenset(v for kind, v in units if kind == 'name'),
-      roles=frozenset(v for kind, v in units if kind == 'role'),
-      patterns=frozenset(v for kind, v in units if kind == 'pattern'),
-      sites=tuple(sites))
-

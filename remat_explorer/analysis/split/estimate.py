@@ -1,0 +1,140 @@
+"""``estimate_costs``: the training step's peak memory and FLOPs, estimated
+from its jaxpr in milliseconds, before anything is compiled.
+
+The step is the one ``compile_costs`` compiles (``program/step.py``: the
+loss and its gradient), traced with ``jax.make_jaxpr`` under the policy the
+same way. Its FLOPs are the jaxpr's count (``flops.py``, loop trip counts
+applied); its peak is the liveness model of ``jaxpr_memory.py`` over the
+step's jaxpr, the arguments and outputs added as XLA places them (apart
+from its temporaries, for the whole step). Every figure is a model's, to be
+replaced by ``compile_costs``' once the step is compiled; ``bench/estimates.py``
+measures how far apart the two are.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import jax
+from jax.extend.core import ClosedJaxpr, Var
+
+from remat_explorer.analysis.cache import ResultCache
+from remat_explorer.analysis.program.blocks import built_policy_choice, policy_label
+from remat_explorer.analysis.program.keywords import check_keywords, entry_point
+from remat_explorer.analysis.program.problem import Problem, check_positions
+from remat_explorer.analysis.program.step import gradient_function
+from remat_explorer.analysis.split.flops import jaxpr_flops
+from remat_explorer.analysis.split.jaxpr_memory import peak_bytes, value_bytes
+
+
+@dataclass(frozen=True)
+class CostEstimate:
+  """Estimated figures of one training step (outputs and gradients), from
+  its jaxpr: a model of what XLA would do, not a measurement (the compiled
+  figures, ``compile_costs``, replace it). Sizes in bytes, of the whole
+  program (a sharded one's are not divided among its devices)."""
+  peak_bytes: int
+  """Arguments + outputs + the most temporaries the liveness model holds at
+  once (fused elementwise chains not materialised), less what donated
+  arguments give to outputs."""
+  flops: int
+  """The step's FLOPs by XLA's conventions, each loop body once per trip:
+  what ``compile_costs``' ``executed_flops`` measures."""
+  residual_bytes: int
+  """Values the forward pass keeps for the backward pass (stacked loop
+  residuals and arguments the backward pass reads included), at the step's
+  top level."""
+  argument_bytes: int
+  output_bytes: int
+  seconds: float
+  """How long the estimate took (tracing included)."""
+  function: str = ''
+  policy: str = ''
+  notes: tuple[str, ...] = ()
+
+
+_cache = ResultCache(max_entries=256)
+_POINTER_BYTES = 8
+
+
+@entry_point
+def estimate_costs(f, *args, policy=None, lowering: str | None = None,
+                   argnums: int | tuple[int, ...] = 0, has_aux: bool = False,
+                   whole_function: bool = False, donate_argnums=(),
+                   **kwargs) -> CostEstimate:
+  """Estimate the peak memory and FLOPs of `f`'s training step at `args`
+  from its jaxpr alone: nothing is compiled. The options mean what they
+  mean for ``compile_costs``; the figures are a model's (``CostEstimate``).
+  Results are cached like ``compile_costs``'."""
+  check_keywords(estimate_costs, f, kwargs, policy=policy, lowering=lowering,
+                 argnums=argnums, has_aux=has_aux, whole_function=whole_function,
+                 donate_argnums=donate_argnums)
+  start = time.perf_counter()
+  policy = built_policy_choice(policy)
+  problem = Problem.make(f, args, kwargs, argnums, has_aux=has_aux,
+                         whole_function=whole_function, caller='estimate_costs')
+  donate = check_positions(donate_argnums, len(args), 'donate_argnums',
+                           allow_empty=True)
+  key = problem.cache_key('estimate', policy, lowering, donate)
+  cached = _cache.get(key)
+  if cached is not None:
+    return cached
+  program, blocks, notes = problem.program_with_blocks(policy, lowering)
+  if any(len(getattr(getattr(x, 'sharding', None), 'device_set', ())) > 1
+         for x in problem.leaves):
+    notes = [*notes, 'estimated for the whole program, not per device: the '
+             'arguments are spread over several devices']
+  step = gradient_function(problem.program_function(program, blocks), problem)
+  closed = jax.make_jaxpr(step)(*problem.leaves)
+  estimate = _estimate(closed, problem.traced_positions(donate),
+                       function=problem.name, policy=policy_label(policy, blocks),
+                       notes=tuple(notes), start=start)
+  _cache.put(key, estimate)
+  return estimate
+
+
+def _estimate(closed: ClosedJaxpr, donated, *, function, policy, notes,
+              start) -> CostEstimate:
+  jaxpr = closed.jaxpr
+  arguments = sum(value_bytes(v) for v in jaxpr.invars)
+  outputs = sum(value_bytes(v) for v in jaxpr.outvars)
+  if len(jaxpr.outvars) > 1:  # XLA's output tuple: a pointer per element
+    outputs += _POINTER_BYTES * len(jaxpr.outvars)
+  temporaries = peak_bytes(closed, count_outputs=False)
+  peak = arguments + outputs + temporaries - _donated_bytes(jaxpr, donated)
+  return CostEstimate(
+      peak_bytes=peak, flops=jaxpr_flops(closed),
+      residual_bytes=residual_bytes(closed), argument_bytes=arguments,
+      output_bytes=outputs, seconds=time.perf_counter() - start,
+      function=function, policy=policy, notes=notes)
+
+
+def _donated_bytes(jaxpr, donated) -> int:
+  """Bytes of outputs XLA can write over a donated argument of the same
+  type (each argument given to one output)."""
+  free = [jaxpr.invars[i].aval for i in donated]
+  given = 0
+  for out in jaxpr.outvars:
+    aval = getattr(out, 'aval', None)
+    for i, candidate in enumerate(free):
+      if (candidate is not None and aval is not None
+          and (candidate.shape, candidate.dtype) == (aval.shape, aval.dtype)):
+        given += value_bytes(out)
+        free[i] = None
+        break
+  return given
+
+
+def residual_bytes(closed: ClosedJaxpr) -> int:
+  """Bytes of the values the step's forward equations make or take as
+  arguments and its backward equations (JAX's ``transpose(...)`` scope)
+  read: the residuals, as ``analyze`` counts them."""
+  forward: set[Var] = set(closed.jaxpr.invars)
+  read: set[Var] = set()
+  for eqn in closed.jaxpr.eqns:
+    if 'transpose(' in str(eqn.source_info.name_stack):
+      read.update(v for v in eqn.invars if isinstance(v, Var) and v in forward)
+    else:
+      forward.update(eqn.outvars)
+  return sum(value_bytes(v) for v in read)

@@ -1,0 +1,303 @@
+"""Peak memory of a jaxpr, modelled without compiling it.
+
+A liveness model of what XLA would hold, read from the jaxpr alone:
+
+* A value is allocated when its equation runs and freed after its last use;
+  the jaxpr's inputs belong to its caller.
+* What XLA fuses is not materialised: a value made by an elementwise-like
+  equation (arithmetic, broadcasts, slices, transposes, ...) and read only by
+  such equations or reductions in the same jaxpr lives inside a fusion. A
+  value read by anything else (a dot, a convolution, a loop, a call), or
+  returned, is materialised.
+* Views share their input's buffer (``reshape``, ``checkpoint_name``,
+  ``optimization_barrier``, ...); an in-place update (``dynamic_update_slice``,
+  a scatter) and an elementwise equation write over an operand of the same
+  size that dies there, as XLA's buffer assignment does.
+* A call (``pjit``, a remat block, ``custom_jvp_call``) adds its body's own
+  peak while it runs; a ``cond`` its largest branch's. A ``scan`` allocates
+  its stacked outputs and its carry when it starts and adds its body's peak
+  (the body's stacked outputs written in place) while it runs; a ``while``
+  the same without stacked outputs.
+
+Equations run in the jaxpr's order, which XLA's scheduler is free to change:
+this is a model, not a measurement (``bench/estimates.py`` measures how far
+from XLA's compiled peak it lands).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Var, jaxprs_in_params
+
+from remat_explorer.analysis.source.origins import CALL_PRIMITIVES
+from remat_explorer.engine import RECOMPUTE_SCOPE
+
+# Equations XLA fuses with their producers and consumers: one output element
+# from a few input elements.
+_FUSIBLE = frozenset('''
+    add add_any sub mul div rem max min neg abs sign floor ceil round square
+    is_finite clamp eq ne lt le gt ge and or xor not shift_left
+    shift_right_logical shift_right_arithmetic population_count clz
+    exp exp2 log log1p expm1 pow sqrt rsqrt cbrt tanh sin cos
+    tan atan atan2 erf erfc erf_inv logistic asin acos sinh cosh asinh acosh
+    atanh lgamma digamma nextafter integer_pow select_n convert_element_type
+    broadcast_in_dim transpose slice dynamic_slice concatenate pad iota rev
+    copy copy_p stop_gradient real imag complex conj squeeze expand_dims
+    reshape'''.split())
+# Elementwise equations XLA does not repeat in each reader of their result.
+_EXPENSIVE = frozenset('''
+    div rem exp exp2 log log1p expm1 pow sqrt rsqrt cbrt tanh sin cos tan atan
+    atan2 erf erfc erf_inv logistic asin acos sinh cosh asinh acosh atanh
+    lgamma digamma integer_pow'''.split())
+# Equations that fuse what feeds them but whose result XLA materialises.
+_REDUCTIONS = frozenset('''
+    reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or
+    reduce_xor argmax argmin'''.split())
+# Equations whose outputs are their inputs' buffers.
+_VIEWS = frozenset('''
+    name reduce_precision optimization_barrier pvary sharding_constraint mesh_cast reshard
+    device_put'''.split())
+# Equations that write into their first operand where it dies.
+_IN_PLACE = frozenset('''
+    dynamic_update_slice scatter scatter-add scatter_add scatter-mul
+    scatter_mul scatter-min scatter_min scatter-max scatter_max'''.split())
+
+
+def value_bytes(atom) -> int:
+  """Bytes of one value (0 for tokens and other shapeless values)."""
+  aval = atom.aval
+  shape, dtype = getattr(aval, 'shape', None), getattr(aval, 'dtype', None)
+  if shape is None or dtype is None:
+    return 0
+  try:
+    itemsize = np.dtype(dtype).itemsize
+  except TypeError:  # extended dtypes (PRNG keys): their data's size
+    itemsize = getattr(dtype, 'itemsize', 4)
+  return math.prod(shape) * itemsize
+
+
+def _as_jaxpr(jaxpr: Jaxpr | ClosedJaxpr) -> Jaxpr:
+  return jaxpr.jaxpr if isinstance(jaxpr, ClosedJaxpr) else jaxpr
+
+
+def _is_view(eqn: JaxprEqn) -> bool:
+  name = eqn.primitive.name
+  if name in _VIEWS or name in ('reshape', 'squeeze', 'expand_dims'):
+    return True
+  return (name == 'convert_element_type'
+          and eqn.invars[0].aval.dtype == eqn.outvars[0].aval.dtype)
+
+
+def _kind(eqn: JaxprEqn) -> str:
+  """'fusible', 'reduction' or 'materialising'."""
+  name = eqn.primitive.name
+  if name in _FUSIBLE or (name in _VIEWS and name != 'optimization_barrier'):
+    return 'fusible'
+  if name in _REDUCTIONS:
+    return 'reduction'
+  return 'materialising'
+
+
+def _call_body(eqn: JaxprEqn) -> Jaxpr | None:
+  """The body of a call XLA inlines (``pjit``, a remat block, ...)."""
+  param = CALL_PRIMITIVES.get(eqn.primitive.name)
+  body = eqn.params.get(param) if param else None
+  return None if body is None else _as_jaxpr(body)
+
+
+# A value of the flattened program: (which inlined call, its variable).
+Key = tuple
+
+
+@dataclass
+class _Op:
+  """One equation of a jaxpr with its calls inlined, reading and writing
+  values by key; `scope` is its name stack, the calls' around it."""
+  eqn: JaxprEqn
+  reads: list
+  writes: list
+  scope: str = ''
+
+  def is_backward(self) -> bool:
+    """A backward-pass equation that is not remat's recompute."""
+    return ('transpose(' in self.scope and RECOMPUTE_SCOPE not in self.scope
+            and self.eqn.primitive.name != 'optimization_barrier')
+
+
+def _flatten(jaxpr: Jaxpr, env: dict, instance: int, counter, ops: list,
+             inputs: set, scope: str = '') -> None:
+  """Append `jaxpr`'s equations to `ops`, calls inlined (their bodies'
+  values keyed apart, since one body may be called twice)."""
+  def key(v):
+    return env.get(v, (instance, v)) if isinstance(v, Var) else None
+  inputs.update((instance, v) for v in jaxpr.constvars)
+  for eqn in jaxpr.eqns:
+    reads = [key(v) for v in eqn.invars]
+    body = _call_body(eqn)
+    where = f'{scope}/{eqn.source_info.name_stack}'
+    if body is None:
+      ops.append(_Op(eqn, reads, [(instance, v) for v in eqn.outvars], where))
+      continue
+    inner = next(counter)
+    inner_env = {v: k for v, k in zip(body.invars, reads) if k is not None}
+    _flatten(body, inner_env, inner, counter, ops, inputs, where)
+    for out, result in zip(eqn.outvars, body.outvars):
+      env[out] = inner_env.get(result, (inner, result)) if isinstance(result, Var) else None
+
+
+def _in_schedule_order(ops: list[_Op]) -> list[_Op]:
+  """The equations in the order XLA's scheduler runs them, as modelled:
+  everything that does not wait for the backward pass first, in program
+  order. Remat's recompute outside a loop waits only for its inputs (the
+  barrier that keeps XLA from merging it with the forward pass does not
+  tie it to the backward pass), and XLA runs it early, keeping its results
+  from then on; inside a loop body it runs at the start of each iteration.
+  """
+  waiting: set = set()
+  early, late = [], []
+  for op in ops:
+    if op.is_backward() or any(k in waiting for k in op.reads):
+      late.append(op)
+      waiting.update(op.writes)
+    else:
+      early.append(op)
+  return early + late
+
+
+class _Scope:
+  """The buffers of one jaxpr, calls inlined: which values share one, which
+  are materialised, and where each dies."""
+
+  def __init__(self, jaxpr: Jaxpr, count_outputs: bool, uncounted=()):
+    env: dict = {}
+    self.inputs: set = {(0, v) for v in jaxpr.invars}
+    self.ops: list[_Op] = []
+    _flatten(jaxpr, env, 0, itertools.count(1), self.ops, self.inputs)
+    self.ops = _in_schedule_order(self.ops)
+    self.root: dict = {}
+    self.size: dict = {}
+    outputs = [env.get(v, (0, v)) for v in jaxpr.outvars if isinstance(v, Var)]
+    self.live = self._live_ops(outputs)
+    fused_reader: dict = {}  # root -> read only by fusing equations
+    readers: dict = {}
+    self.last_use: dict = {}
+    producer: dict = {}  # root -> (fusible, expensive)
+    for i, op in enumerate(self.ops):
+      if not self.live[i]:
+        continue
+      kind = _kind(op.eqn)
+      for r in {self.of(k) for k in op.reads if k is not None}:
+        self.last_use[r] = i
+        fused_reader[r] = fused_reader.get(r, True) and kind != 'materialising'
+        readers[r] = readers.get(r, 0) + 1
+      if _is_view(op.eqn) and op.reads[0] is not None:
+        for out, source in zip(op.writes, op.reads):
+          if source is not None:
+            self.root[out] = self.of(source)
+        continue
+      for out, var in zip(op.writes, op.eqn.outvars):
+        producer[out] = (kind == 'fusible', op.eqn.primitive.name in _EXPENSIVE)
+        self.size[out] = value_bytes(var)
+    self.outputs = {self.of(k) for k in outputs}
+    for r in self.outputs:
+      self.last_use[r] = len(self.ops)
+    # A value inside a fusion: made and read by fusing equations, not
+    # returned; XLA repeats a cheap producer in each reader, not an
+    # expensive one.
+    self.materialised = {
+        k: not (fusible and fused_reader.get(k, True) and k not in self.outputs
+                and (readers.get(k, 0) <= 1 or not expensive))
+        for k, (fusible, expensive) in producer.items()}
+    # What a fused value reads must live until its last reader runs.
+    for i in reversed(range(len(self.ops))):
+      op = self.ops[i]
+      ends = [self.last_use[k] for k in op.writes
+              if self.live[i] and self.of(k) == k and k in self.last_use
+              and not self.materialised.get(k, True)]
+      for r in {self.of(k) for k in op.reads if k is not None} if ends else ():
+        self.last_use[r] = max(self.last_use[r], *ends)
+    self.count_outputs = count_outputs
+    self.inputs = {self.of(k) for k in self.inputs}
+    self.uncounted = {self.of(env.get(jaxpr.outvars[i], (0, jaxpr.outvars[i])))
+                      for i in uncounted if isinstance(jaxpr.outvars[i], Var)}
+
+  def _live_ops(self, outputs) -> list[bool]:
+    """Which equations feed an output or have effects; XLA drops the rest."""
+    used = set(outputs)
+    live = []
+    for op in reversed(self.ops):
+      live.append(bool(op.eqn.effects) or any(k in used for k in op.writes))
+      if live[-1]:
+        used.update(k for k in op.reads if k is not None)
+    return live[::-1]
+
+  def of(self, k):
+    return self.root.get(k, k)
+
+  def allocated(self, k) -> int:
+    """Bytes the buffer rooted at `k` takes in this scope."""
+    if (k in self.inputs or k in self.uncounted
+        or not self.materialised.get(k, False)):
+      return 0
+    if k in self.outputs and not self.count_outputs:
+      return 0
+    return self.size[k]
+
+
+def peak_bytes(jaxpr: Jaxpr | ClosedJaxpr, *, count_outputs: bool = True,
+               uncounted=()) -> int:
+  """The most bytes of values `jaxpr` makes that are live at once while it
+  runs (its inputs not counted: its caller holds them); its outputs
+  included unless `count_outputs` is False (the program's outputs, which XLA
+  places apart); the outputs at positions `uncounted` never (a loop body's
+  stacked outputs, written into the loop's buffer)."""
+  scope = _Scope(_as_jaxpr(jaxpr), count_outputs, uncounted)
+  dies_at: dict[int, list] = {}
+  for r, i in scope.last_use.items():
+    dies_at.setdefault(i, []).append(r)
+  live = peak = 0
+  for i, op in enumerate(scope.ops):
+    if not scope.live[i]:
+      continue
+    outs = [k for k in op.writes if scope.of(k) == k]
+    new = sum(scope.allocated(k) for k in outs)
+    dying = dies_at.get(i, [])
+    unread = [k for k in outs if k not in scope.last_use]
+    reused = _reused_bytes(op, scope, outs, dying)
+    peak = max(peak, live + new - reused + _running_bytes(op.eqn))
+    live += new - sum(scope.allocated(r) for r in (*dying, *unread))
+  return peak
+
+
+def _reused_bytes(op: _Op, scope: _Scope, outs, dying) -> int:
+  """Bytes of a dying operand an output is written over."""
+  if not outs or not scope.allocated(outs[0]):
+    return 0
+  operands = {scope.of(k) for k in op.reads if k is not None}
+  if op.eqn.primitive.name in _IN_PLACE and op.reads[0] is not None:
+    operand = scope.of(op.reads[0])
+    return scope.allocated(operand) if operand in dying else 0
+  if _kind(op.eqn) == 'fusible':
+    size = scope.allocated(outs[0])
+    return size if any(scope.allocated(r) == size for r in dying
+                       if r in operands) else 0
+  return 0
+
+
+def _running_bytes(eqn: JaxprEqn) -> int:
+  """What a loop or branch holds while it runs beyond its outputs: its
+  body's own peak."""
+  name, params = eqn.primitive.name, eqn.params
+  if name == 'scan':
+    body = _as_jaxpr(params['jaxpr'])
+    # The stacked outputs are written in place, a slice per iteration.
+    return peak_bytes(body, uncounted=range(params['num_carry'], len(body.outvars)))
+  if name == 'while':
+    return max(peak_bytes(params['body_jaxpr']), peak_bytes(params['cond_jaxpr']))
+  if name == 'cond':
+    return max(peak_bytes(b) for b in params['branches'])
+  return max((peak_bytes(b) for b in jaxprs_in_params(params)), default=0)

@@ -1,0 +1,152 @@
+"""``estimate_costs``: the training step's peak and FLOPs from its jaxpr,
+against what XLA compiles for the same step in the same process.
+
+The tolerance is what the model reaches on these small models (measured
+within 16% of the compiled peak; ``bench/estimates.py`` measures the larger
+examples); FLOPs within 6% of the compiled program's executed FLOPs.
+"""
+
+import functools
+import itertools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import remat_explorer as rx
+from remat_explorer import examples
+from remat_explorer.analysis import (NO_REMAT, CostEstimate, analyze, clear_caches,
+                                     compile_costs, estimate_costs)
+from remat_explorer.analysis.context import compiles_run
+
+PEAK_TOLERANCE = 0.20
+FLOPS_TOLERANCE = 0.06
+cp = jax.checkpoint_policies
+POLICIES = {'nothing_saveable': cp.nothing_saveable, 'dots_saveable': cp.dots_saveable,
+            'everything_saveable': cp.everything_saveable}
+
+
+@functools.cache
+def _models():
+  return {
+      'mlp (scan)': examples.mlp(num_layers=4, width=64, batch=32, seed=3),
+      'transformer (scan)': examples.transformer(num_layers=2, d_model=32, seq_len=16,
+                                                 batch=4, use_scan=True, seed=4),
+  }
+
+
+@functools.cache
+def _figures(model: str):
+  """{policy: (estimate, compiled costs)} for one model."""
+  loss, args = _models()[model]
+  return {label: (estimate_costs(loss, *args, policy=policy),
+                  compile_costs(loss, *args, policy=policy))
+          for label, policy in POLICIES.items()}
+
+
+@pytest.mark.parametrize('model', ['mlp (scan)', 'transformer (scan)'])
+def test_the_estimate_is_near_the_compiled_peak_and_flops(model):
+  for label, (estimate, costs) in _figures(model).items():
+    assert isinstance(estimate, CostEstimate)
+    assert abs(estimate.peak_bytes / costs.peak_bytes - 1) <= PEAK_TOLERANCE, label
+    assert abs(estimate.flops / costs.executed_flops - 1) <= FLOPS_TOLERANCE, label
+    assert estimate.argument_bytes == costs.argument_bytes
+    assert abs(estimate.output_bytes - costs.output_bytes) <= 8, label
+    assert estimate.seconds > 0
+
+
+@pytest.mark.parametrize('model', ['mlp (scan)', 'transformer (scan)'])
+def test_policies_rank_by_estimate_as_they_rank_compiled(model):
+  figures = _figures(model)
+  compared = 0
+  for (a, (est_a, costs_a)), (b, (est_b, costs_b)) in itertools.combinations(
+      figures.items(), 2):
+    if abs(costs_a.peak_bytes / costs_b.peak_bytes - 1) <= PEAK_TOLERANCE:
+      continue
+    compared += 1
+    assert ((est_a.peak_bytes < est_b.peak_bytes)
+            == (costs_a.peak_bytes < costs_b.peak_bytes)), (a, b)
+  assert compared >= 1
+
+
+def test_residual_bytes_are_analyze_s():
+  loss, args = _models()['transformer (scan)']
+  for policy in (NO_REMAT, *POLICIES.values()):
+    assert (estimate_costs(loss, *args, policy=policy).residual_bytes
+            == analyze(loss, *args, policy=policy).residual_bytes)
+
+
+def test_an_estimate_compiles_nothing():
+  rng = np.random.default_rng(11)
+  width = int(rng.integers(16, 40))
+  w = jnp.asarray(rng.standard_normal((3, width, width)), jnp.float32)
+  x = jnp.asarray(rng.standard_normal((8, width)), jnp.float32)
+
+  def loss(w, x):
+    layer = rx.checkpoint(lambda h, wi: jnp.tanh(h @ wi))
+    for wi in w:
+      x = layer(x, wi)
+    return jnp.sum(x ** 2)
+  clear_caches()
+  before = compiles_run()
+  estimates = [estimate_costs(loss, w, x, policy=p) for p in POLICIES.values()]
+  assert compiles_run() == before
+  # Saving more keeps more for the backward pass.
+  residuals = [e.residual_bytes for e in estimates]
+  assert residuals == sorted(residuals) and residuals[0] < residuals[-1]
+
+
+def test_donated_arguments_lower_the_estimate_as_xla_aliases_them():
+  rng = np.random.default_rng(12)
+  width = int(rng.integers(24, 64))
+  params = {'w': jnp.asarray(rng.standard_normal((width, width)), jnp.float32)}
+  x = jnp.asarray(rng.standard_normal((16, width)), jnp.float32)
+  step = lambda params, x: jnp.sum(jnp.tanh(x @ params['w']) ** 2)
+  plain = estimate_costs(step, params, x)
+  donated = estimate_costs(step, params, x, donate_argnums=0)
+  compiled = compile_costs(step, params, x, donate_argnums=0)
+  assert plain.peak_bytes - donated.peak_bytes == compiled.alias_bytes > 0
+
+
+def test_a_bad_keyword_is_compile_costs_error():
+  calls = []
+
+  def loss(w):
+    calls.append(1)
+    return jnp.sum(jnp.sin(w @ w))
+  w = jnp.asarray(np.random.default_rng(13).standard_normal((6, 6)), jnp.float32)
+  errors = {}
+  for entry in (compile_costs, estimate_costs):
+    with pytest.raises(TypeError) as raised:
+      entry(loss, w, polciy=None)
+    errors[entry.__name__] = str(raised.value)
+  assert '\n' not in errors['estimate_costs']
+  assert errors['estimate_costs'] == re.sub(
+      r'\bcompile_costs\b', 'estimate_costs', errors['compile_costs'])
+  assert calls == []
+  with pytest.raises(ValueError, match=r'donate_argnums=\(4,\) is out of range'):
+    estimate_costs(loss, w, donate_argnums=4)
+
+
+@pytest.mark.parametrize('budget', [0.5])
+def test_a_search_ranked_by_estimate_compiles_only_finalists(budget):
+  """As good an answer as the search that compiles every candidate, from at
+  most three compiles: the two built-ins a fractional budget is measured
+  between, and the finalist, which fits when compiled."""
+  loss, args = _models()['transformer (scan)']
+  clear_caches()
+  before = compiles_run()
+  quick = rx.search_policy(loss, *args, memory_budget=budget, lowering='cond',
+                           rank_by_estimate=True)
+  assert quick.compiles_used == compiles_run() - before <= 3
+  assert quick.fits and quick.costs.peak_bytes == quick.peak_bytes <= quick.budget_bytes
+  assert quick.label in {c.label for c in quick.candidates if not c.estimated}
+  estimated = [c for c in quick.candidates if c.estimated]
+  assert len(estimated) == len(quick.candidates) - quick.compiles_used
+  thorough = rx.search_policy(loss, *args, memory_budget=budget, lowering='cond')
+  assert quick.budget_bytes == thorough.budget_bytes
+  assert quick.flops <= thorough.flops * (1 + FLOPS_TOLERANCE)
+  with pytest.raises(TypeError, match='rank_by_estimate must be True or False'):
+    rx.search_policy(loss, *args, memory_budget=budget, rank_by_estimate='yes')
