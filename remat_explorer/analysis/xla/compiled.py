@@ -24,7 +24,6 @@ import time
 from dataclasses import dataclass, field
 
 import jax
-import numpy as np
 
 from remat_explorer.analysis.xla.collectives import Collective, collectives_in
 from remat_explorer.analysis.xla.collectives import count as count_collectives
