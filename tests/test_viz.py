@@ -19,7 +19,7 @@ from remat_explorer.viz.widget import _panels
 from remat_explorer.viz.charts import costs as charts, timeline_chart
 from remat_explorer.viz.html import tables
 from remat_explorer.viz.widget.explorer import _NAMED
-from remat_explorer.viz.text import byte_unit
+from remat_explorer.viz.text import byte_unit, format_bytes
 from tests.programs import named_by_user
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -497,6 +497,34 @@ def test_a_single_compile_shows_an_indeterminate_bar_and_greys_the_old_costs(pro
   e.wait(300)
   assert _panels.STALE not in e.costs_tab._dom_classes
   assert 'compiled under dots_saveable' in e.costs_view.value
+
+
+def test_the_costs_tab_shows_the_estimate_until_the_compile_lands(problem):
+  """While a policy's compile runs, the Costs tab says what the jaxpr's
+  estimate (``estimate_costs``) gives, marked as an estimate; the compiled
+  figures replace it, and a late estimate does not come back over them."""
+  f, args = problem
+  e = rx.explore(f, *args)
+  e.wait(300)
+  shown = []
+  e.estimate_view.observe(lambda change: shown.append(change['new']), names='value')
+  e.policy.value = 'dots_saveable'
+  assert 'estimating under dots_saveable' in e.progress.value
+  e.wait(300)
+  assert e.estimate_view.value == '' and 'compiled under dots_saveable' in e.costs_view.value
+  estimate = rx.estimate_costs(f, *args, policy=jax.checkpoint_policies.dots_saveable)
+  said = _panels.estimate_html('dots_saveable', estimate)
+  assert 'Estimated from the jaxpr' in said and format_bytes(estimate.peak_bytes) in said
+  assert all(value in ('', said) for value in shown)
+  # An estimate that lands after the compiled figures is dropped.
+  e._show_estimate(e._generation, 'dots_saveable', estimate)
+  assert e.estimate_view.value == ''
+  # One that lands first is shown, and the compile's figures clear it.
+  e._generation += 1
+  e._show_estimate(e._generation, 'dots_saveable', estimate)
+  assert e.estimate_view.value == said
+  e._show_costs(e._generation, e.costs_view.value)
+  assert e.estimate_view.value == ''
 
 
 def test_progress_is_determinate_only_with_a_known_count():

@@ -19,6 +19,8 @@ STALE = 'remat-stale'
 """Class of a view whose figures are being recomputed: greyed, labelled."""
 OUTDATED = 'remat-outdated'
 """Class of a view computed under other controls than the current ones."""
+ESTIMATE = 'remat-estimate-box'
+"""Class of the estimate shown while a compile runs: not greyed with it."""
 
 CSS = f"""<style>
 .remat-explorer .{STALE}, .remat-explorer .{OUTDATED} {{ position: relative; }}
@@ -28,6 +30,7 @@ CSS = f"""<style>
   background: #fff4e5; border: 1px solid #f0a020; border-radius: 3px; font-size: 12px;
 }}
 .remat-explorer .{STALE}::before {{ content: 'updating…'; }}
+.remat-explorer .{STALE} > .{ESTIMATE} {{ opacity: 1; }}
 .remat-explorer .{OUTDATED}::before {{
   content: 'computed under another lowering: press “compare all …” again';
 }}
@@ -72,6 +75,16 @@ def caption_html(policy: str, lowering: str, device: str, what: str = 'showing')
   lowering <lowering> · <device>'``."""
   return (f'<p class="remat-caption">{html_text(what)} under {html_text(policy)} · '
           f'lowering {html_text(lowering)} · {html_text(device)}</p>')
+
+
+def estimate_html(label: str, estimate) -> str:
+  """The figures estimated from the jaxpr (``estimate_costs``) while the
+  compile runs, said to be an estimate: a model, not XLA's numbers."""
+  return (f'<p class="remat-caption remat-estimate">Estimated from the jaxpr under '
+          f'{html_text(label)}, before XLA compiles it: peak about '
+          f'{html_text(format_bytes(estimate.peak_bytes))}, about '
+          f'{html_text(format_flops(estimate.flops))} (a model of what XLA will do, '
+          'not its figures; they replace this when the compile lands).</p>')
 
 
 def warnings_html(warnings) -> str:

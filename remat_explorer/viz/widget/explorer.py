@@ -17,7 +17,8 @@ from collections.abc import Mapping
 import jax
 
 from remat_explorer.analysis import (DEFAULT_LOWERING, LOWERINGS, NO_REMAT, analyze,
-                                     builtin_policies, compare, compile_costs)
+                                     builtin_policies, compare, compile_costs,
+                                     estimate_costs)
 from remat_explorer.analysis.tradeoffs.compare import AS_WRITTEN, AS_WRITTEN_NO_REMAT
 from remat_explorer.analysis.context import TraceSettings
 from remat_explorer.analysis.program.keywords import check_keywords
@@ -159,6 +160,7 @@ class Explorer:
     self.search_result = None
     self._compared_lowering = None
     self._generation = 0
+    self._compiled_generation = -1
     self._expanded: set[str] = set()
     self._picking = False
     self._static_html = ''
@@ -188,9 +190,12 @@ class Explorer:
     self.sort_by = w.Dropdown(options=list(RESIDUAL_SORT_KEYS), value='bytes',
                               description='sort by')
     self.costs_view = HtmlView()
+    # While a compile runs: the figures estimated from the jaxpr, marked so.
+    self.estimate_view = w.HTML()
+    self.estimate_view.add_class(_panels.ESTIMATE)
     # Marked while a compile runs: in a box, whose classes reach the page
     # (an anywidget's own do not follow changes after it is shown).
-    self.costs_tab = w.VBox([self.costs_view])
+    self.costs_tab = w.VBox([self.estimate_view, self.costs_view])
     self.compare_view = w.HTML('<p>Press “compare all policies” to compile the '
                                'gradient under every policy.</p>')
     self.pareto_pick = w.ToggleButtons(options=[], description='select',
@@ -297,6 +302,14 @@ class Explorer:
                      lambda html: self._show_costs(generation, html),
                      lambda e: self._costs_failed(generation, e),
                      group='costs', key=(label, names, lowering))
+    # The jaxpr's estimate, in a fraction of the compile's time, until the
+    # compiled figures land; a failed estimate leaves the wait as it was.
+    self._work.start(f'estimating under {label}',
+                     lambda _: estimate_costs(fn, *self.args, policy=policy,
+                                              lowering=lowering, argnums=self.argnums,
+                                              **self.kwargs),
+                     lambda estimate: self._show_estimate(generation, label, estimate),
+                     lambda e: None, group='estimate', key=(label, names, lowering))
 
   def _shown(self, report) -> str:
     """What a caption says is shown: the layout (where there are several)
@@ -337,11 +350,18 @@ class Explorer:
     if generation != self._generation:
       return  # a newer compile is under way; the view stays marked
     self.costs_view.value = html
+    self.estimate_view.value = ''
+    self._compiled_generation = generation
     self.costs_tab.remove_class(STALE)
+
+  def _show_estimate(self, generation, label, estimate) -> None:
+    if generation == self._generation and self._compiled_generation != generation:
+      self.estimate_view.value = _panels.estimate_html(label, estimate)
 
   def _costs_failed(self, generation, e) -> None:
     self._show_error(e)
     if generation == self._generation:
+      self.estimate_view.value = ''
       self.costs_tab.remove_class(STALE)  # nothing is coming
 
   def _compare(self) -> None:
