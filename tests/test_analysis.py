@@ -62,7 +62,21 @@ def test_residuals_are_what_jax_saves_for_jax_programs(policy):
   jax_program = _mlp(jax.checkpoint, jax_checkpoint_name, policy=policy)
   report = analyze(jax_program, ws, x, argnums=(0, 1))
   expected = printed_residuals(jax.ad_checkpoint.print_saved_residuals, jax_program, ws, x)
-  assert _report_lines(report) == expected
+  ours = _report_lines(report)
+  if tuple(jax.__version_info__[:3]) >= (0, 10, 2):
+    assert ours == expected
+  else:
+    # Before 0.10.2 JAX words two cases otherwise: it names the rounding the
+    # split puts on a residual, and names a value by the checkpoint_name
+    # that reads it. The report words them as JAX does from 0.10.2: the
+    # same residual, type and line.
+    assert len(ours) == len(expected)
+    for line, theirs in zip(ours, expected):
+      if ' output of reduce_precision from ' in theirs or ' named ' in theirs:
+        assert (line.split(' ')[0], line.rsplit(' from ', 1)[1]) == (
+            theirs.split(' ')[0], theirs.rsplit(' from ', 1)[1]), (line, theirs)
+      else:
+        assert line == theirs
   assert report.residual_bytes == jax_residual_bytes(jax_program, ws, x)
 
 

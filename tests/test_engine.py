@@ -90,6 +90,8 @@ def test_primitive_is_our_own_and_shows_in_jaxprs():
 
 # -- names and policies are one notion across both libraries -------------------
 
+JAX_0_10_2 = tuple(jax.__version_info__[:3]) >= (0, 10, 2)
+
 def _named_block(name_fn):
   def block(w, x):
     h = name_fn(jnp.sin(x @ w), 'hidden')
@@ -108,7 +110,10 @@ def test_names_and_policies_interchange(name_fn, ck, policies):
                              policy=jax.checkpoint_policies.save_only_these_names('hidden'))
   f = ck(_named_block(name_fn), policy=policies.save_only_these_names('hidden'))
   lines = printed_residuals(rx.print_saved_residuals, f, w, x)
-  assert any("named 'hidden'" in line for line in lines), lines
+  # JAX words the named residual by its name from 0.10.2; before, by the
+  # rounding the split puts on it. Ours follows the JAX installed.
+  wording = "named 'hidden'" if JAX_0_10_2 else 'output of reduce_precision'
+  assert any(wording in line for line in lines), lines
   assert lines == printed_residuals(jax.ad_checkpoint.print_saved_residuals, reference, w, x)
   assert_trees_equal(jax.grad(f, (0, 1))(w, x), jax.grad(reference, (0, 1))(w, x))
 

@@ -87,6 +87,19 @@ else:
     return _FlatTree(leaves, treedef, False)
 
 
+# How JAX words and chooses residuals changed in 0.10.2 (its
+# `ad_checkpoint.saved_residuals` and `checkpoint_policies`); the engine
+# follows the JAX it runs with, so that its answers equal that JAX's:
+# - from 0.10.2 a residual rounded by `reduce_precision` is described by the
+#   value it rounds, and a value is "named" only when it is the output of a
+#   `checkpoint_name`; before, the rounding was the residual's producer, and
+#   a value that a `checkpoint_name` reads was named by it;
+# - from 0.10.2 `save_anything_except_these_names` saves everything; before,
+#   it refused the values of the names it lists.
+RESIDUALS_DESCRIBED_THROUGH_ROUNDING = JAX_VERSION >= (0, 10, 2)
+EXCEPT_THESE_NAMES_SAVES_EVERYTHING = JAX_VERSION >= (0, 10, 2)
+
+
 if JAX_VERSION >= (0, 10, 2):
   positional_effects = core.positional_effects
 

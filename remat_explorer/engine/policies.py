@@ -108,11 +108,14 @@ class SaveAnythingExceptTheseNames:
   Excluding a name cannot drop the value it names: the equation that produced
   it is itself saveable, so the same buffer is kept under another label.
   JAX 0.10.2 therefore saves everything here, and so do we, for parity.
+  Before 0.10.2, JAX refused the names' own equations, and so do we there.
   """
   names: frozenset[str]
 
-  def __call__(self, *_, **__) -> bool:
-    return True
+  def __call__(self, prim, *_, **params) -> bool:
+    if jx.EXCEPT_THESE_NAMES_SAVES_EVERYTHING or prim is not jx.jax_name_p:
+      return True
+    return params['name'] not in self.names
 
 
 def save_only_these_names(*names: str) -> SaveOnlyTheseNames:

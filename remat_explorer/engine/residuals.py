@@ -76,20 +76,28 @@ class ResidualOrigin:
   """``file:line (function)`` of the equation that produced it."""
 
 
-def residual_origins(jaxpr: core.Jaxpr, arg_names: Sequence[str]
-                     ) -> list[ResidualOrigin]:
+def residual_origins(jaxpr: core.Jaxpr, arg_names: Sequence[str], *,
+                     installed_jax_words: bool = False) -> list[ResidualOrigin]:
   """The origin of each output of `jaxpr`, taken to be the residuals.
 
   Results come grouped by origin (literals, constants, arguments, then
-  equation outputs in program order), as JAX reports them.
+  equation outputs in program order), as JAX reports them. The rounding the
+  split puts on a residual is looked through, as JAX does from 0.10.2;
+  with `installed_jax_words`, as the installed JAX's ``saved_residuals``
+  does (before 0.10.2 it named the rounding, see ``_jax_internals``).
   """
+  through_rounding = jx.RESIDUALS_DESCRIBED_THROUGH_ROUNDING or not installed_jax_words
   # Matches JAX's wording on purpose, here and in `_equation_origin`: the
   # descriptions are what `print_saved_residuals` prints, and parity tests
   # compare that output with JAX's line by line.
   # A reduce_precision inserted on a residual is bookkeeping: name the
-  # value by the equation it rounds instead.
+  # value by the equation it rounds instead (as JAX does from 0.10.2).
   rounded_from = {e.outvars[0]: e.invars[0] for e in jaxpr.eqns
-                  if e.primitive is jx.reduce_precision_p}
+                  if e.primitive is jx.reduce_precision_p and through_rounding}
+  # Before 0.10.2, JAX also named a value by the checkpoint_name reading it.
+  named_by_reader = {} if through_rounding else {
+      v: name for e in jaxpr.eqns if (name := jx.name_of_named_value(e))
+      for v in e.invars}
   literals = [x for x in jaxpr.outvars if isinstance(x, core.Literal)]
   residual_vars = {rounded_from.get(x, x) for x in jaxpr.outvars
                    if not isinstance(x, core.Literal)}
@@ -110,19 +118,21 @@ def residual_origins(jaxpr: core.Jaxpr, arg_names: Sequence[str]
     producers.update((v, eqn) for v in eqn.outvars)
     for v in eqn.outvars:
       if v in residual_vars:
-        origins.append(_equation_origin(index, eqn, v, producers))
+        origins.append(_equation_origin(index, eqn, v, producers,
+                                        named_by_reader.get(v)))
   return origins
 
 
 def describe_residuals(jaxpr: core.Jaxpr, arg_names: Sequence[str]
                        ) -> list[tuple[core.AbstractValue, str]]:
   """``(aval, description)`` for each output of `jaxpr`, as JAX says them."""
-  return [(o.aval, o.description) for o in residual_origins(jaxpr, arg_names)]
+  return [(o.aval, o.description)
+          for o in residual_origins(jaxpr, arg_names, installed_jax_words=True)]
 
 
-def _equation_origin(index, eqn, var, producers) -> ResidualOrigin:
+def _equation_origin(index, eqn, var, producers, reader_name=None) -> ResidualOrigin:
   where = jx.source_info_util.summarize(eqn.source_info)
-  name = jx.name_of_named_value(eqn)
+  name = jx.name_of_named_value(eqn) or reader_name
   offloaded = None
   if eqn.primitive is jx.device_put_p and eqn.invars[0] in producers:
     # An offloaded residual: JAX words it by the device_put; the data keeps
@@ -147,9 +157,11 @@ def log_residuals(level: int, logger, split, staged_input_unknowns) -> None:
   saved_inputs = [v for v, unknown in zip(staged_inputs, staged_input_unknowns)
                   if not unknown]
   known = split.known
-  saved_intermediates = describe_residuals(
+  # JAX logs its block's residuals before any rounding is put on them, so
+  # every release words them through it.
+  saved_intermediates = [(o.aval, o.description) for o in residual_origins(
       known.replace(outvars=known.outvars[len(known.outvars) - num_res:]),
-      ('',) * len(known.invars))
+      ('',) * len(known.invars))]
   # Matches JAX's wording on purpose: what matches the line `jax.checkpoint`
   # writes matches ours. The logger is our own (`remat_explorer.engine`): a
   # filter set on JAX's logger by name does not reach it.
