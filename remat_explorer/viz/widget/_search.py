@@ -36,7 +36,9 @@ class BudgetSearch:
     self.slider = w.FloatSlider(value=0.5, min=0.0, max=1.0, step=0.05,
                                 description='budget', readout_format='.0%')
     self.note = w.HTML()
-    self.button = w.Button(description='search policy', layout=w.Layout(width='auto'))
+    # Its own width, never less: a crowded row wraps rather than cut its label.
+    self.button = w.Button(description='search policy',
+                           layout=w.Layout(width='auto', flex='0 0 auto'))
     self.found = w.HTML()
     self.note.add_class('remat-budget')
     self.found.add_class('remat-search')

@@ -221,7 +221,8 @@ class Explorer:
     self.widget = w.VBox([
         w.HTML(_panels.CSS),
         w.HBox([self.layout, self.policy, self.names_select, self.lowering, self.block]),
-        w.HBox([self.budget, self.budget_note, self.search_button, self.progress]),
+        w.HBox([self.budget, self.budget_note, self.search_button, self.progress],
+               layout=w.Layout(flex_flow='row wrap')),
         self.search_note, self.error, self.tabs])
     # Class names for styling and for tests that look at the page.
     self.widget.add_class('remat-explorer')
