@@ -337,7 +337,8 @@ def _check_nothing_cut_and_no_escapes(page, explorer):
 
 def test_explorer_in_jupyterlab(lab, browser, tmp_path):
   base, token, _ = lab
-  page = browser.new_page(viewport={'width': 1440, 'height': 900})
+  page = browser.new_page(viewport={'width': 1440, 'height': 900},
+                          permissions=['clipboard-read', 'clipboard-write'])
   _run_all_cells(page, f'{base}/lab/tree/01_remat_basics.ipynb?token={token}')
   explorer = _check_explorer(page)
 
@@ -369,6 +370,26 @@ def test_explorer_in_jupyterlab(lab, browser, tmp_path):
     if seen.split() != ['0']:
       break
   assert seen.split() == [node['id'], '1'], (node, seen)
+
+  # A policy written as an expression becomes the option shown, and "copy
+  # as code" puts it on the clipboard as Python that needs only JAX.
+  expression = "save_from_both_policies(dots_saveable, nothing_saveable)"
+  field = explorer.locator('.remat-expression input')
+  field.fill(expression)
+  field.press('Enter')
+  page.wait_for_function(
+      "([e, text]) => e.querySelector('.remat-policy select').value === text",
+      arg=[explorer.element_handle(), expression], timeout=30_000)
+  code = _kernel_print(page, 'print(explorer.controls.copy.code, end="")')  # once it is shown
+  assert ('policy = jax.checkpoint_policies.save_from_both_policies('
+          'jax.checkpoint_policies.dots_saveable, ') in code
+  page.wait_for_function(  # the page has the code the kernel has
+      "([e, code]) => e.querySelector('pre.remat-code').textContent === code",
+      arg=[explorer.element_handle(), code], timeout=30_000)
+  explorer.get_by_role('button', name='copy as code').click()
+  explorer.locator('pre.remat-code').wait_for(timeout=10_000)
+  assert page.evaluate('navigator.clipboard.readText()') == code
+  assert explorer.locator('.remat-copy-said').inner_text() == 'copied'
 
   _check_nothing_cut_and_no_escapes(page, explorer)
 

@@ -18,7 +18,7 @@ from remat_explorer.viz.charts import _labels
 from remat_explorer.viz.widget import _panels
 from remat_explorer.viz.charts import costs as charts, timeline_chart
 from remat_explorer.viz.html import tables
-from remat_explorer.viz.widget.explorer import _NAMED
+from remat_explorer.viz.widget._policy_controls import NAMED as _NAMED
 from remat_explorer.viz.text import byte_unit, format_bytes
 from tests.programs import named_by_user
 

@@ -53,6 +53,7 @@ from remat_explorer.analysis.split.report import (BlockReport, EquationCost,
                                             Residual)
 from remat_explorer.analysis.policies.chosen_policy import EquationPattern, SaveChosen
 from remat_explorer.analysis.policies.policy_text import parse_policy
+from remat_explorer.analysis.policies.policy_source import policy_source
 from remat_explorer.analysis.tradeoffs.search import SearchResult, search_policy
 from remat_explorer.analysis.xla.timeline import Buffer, MemoryTimeline
 
@@ -62,7 +63,7 @@ __all__ = [
     'CostEstimate', 'MemoryTimeline', 'Buffer',
     'compare', 'Comparison', 'PolicyRow', 'builtin_policies', 'NO_REMAT',
     'describe_policy', 'search_policy', 'SearchResult', 'SaveChosen',
-    'EquationPattern', 'parse_policy',
+    'EquationPattern', 'parse_policy', 'policy_source',
     'LOWERINGS', 'DEFAULT_LOWERING', 'residuals_at_peak', 'live_at_peak', 'explain_peak', 'PeakExplanation', 'PeakBuffer', 'PeakResidual', 'Collective', 'clear_caches',
     'error_summary',
 ]

@@ -7,4 +7,5 @@ Above ``source`` (a policy's description names the user's lines); below
 * ``policy_info``: what a policy is in words, and its silent mistakes.
 * ``policy_text``: policies written as text and parsed back, safely.
 * ``chosen_policy``: ``SaveChosen``, the search's answer, and its source.
+* ``policy_source``: any policy choice as Python that needs only JAX.
 """

@@ -127,10 +127,10 @@ def _check_policy_choice(policy) -> None:
     return
   if isinstance(policy, Mapping):
     for name, p in policy.items():
-      if not isinstance(name, str) or not callable(p):
+      if not isinstance(name, str) or not (callable(p) or p is NO_REMAT):
         raise TypeError(
             'policy= as a mapping must map block names (str) to callable '
-            f'policies, but maps {name!r} to {p!r}.')
+            f'policies (or NO_REMAT), but maps {name!r} to {p!r}.')
     return
   raise TypeError(
       f'policy= must be a callable remat policy (e.g. '

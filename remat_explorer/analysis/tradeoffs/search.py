@@ -27,6 +27,7 @@ import numpy as np
 
 from remat_explorer.analysis.split.analyze import analyze
 from remat_explorer.analysis.policies.chosen_policy import SaveChosen
+from remat_explorer.analysis.policies.policy_source import policy_source
 from remat_explorer.analysis.tradeoffs.save_units import greedy_units, policy_of, user_sites
 from remat_explorer.analysis.tradeoffs.compare import (AS_WRITTEN, AS_WRITTEN_NO_REMAT,
                                              NO_REMAT_LABEL, builtin_policies)
@@ -84,14 +85,7 @@ class SearchResult:
   def to_source(self) -> str:
     """Python that builds the chosen policy with JAX alone, as ``policy``
     (paste it next to ``jax.checkpoint(..., policy=policy)``)."""
-    if isinstance(self.policy, SaveChosen):
-      return 'import jax\n\n' + self.policy.to_source()
-    if self.policy is None:
-      return '# The program as written: keep its own checkpoints and policies.\n'
-    if self.policy is NO_REMAT:
-      return '# No remat: call the checkpointed functions without jax.checkpoint.\n'
-    from remat_explorer.analysis.policies.policy_info import describe_policy
-    return f'import jax\n\npolicy = jax.checkpoint_policies.{describe_policy(self.policy)}\n'
+    return policy_source(self.policy)
 
   def to_dict(self) -> dict:
     out = plain_data(self)

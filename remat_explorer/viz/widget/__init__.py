@@ -2,9 +2,11 @@
 layers below (the ``[lab]`` extra).
 
 * ``explorer``: ``explore`` / ``Explorer``.
-* ``_panels``: its HTML pieces, pure functions; ``_search``: the memory
-  budget and the search; ``_work``: compiles on workers, results applied on
-  the main thread.
-* ``viewer_widget`` and ``html_widget``: anywidget views of the diagram and
-  of the timeline; ``lab``: the optional dependencies, checked.
+* ``_panels``: its HTML pieces, pure functions; ``_policy_controls``: which
+  policy each block runs under (per block, as an expression, picked
+  names); ``_search``: the memory budget and the search; ``_work``: compiles
+  on workers, results applied on the main thread.
+* ``viewer_widget``, ``html_widget`` and ``code_widget``: anywidget views of
+  the diagram, of the timeline and of a policy as code (copied on a click);
+  ``lab``: the optional dependencies, checked.
 """

@@ -17,14 +17,13 @@ from collections.abc import Mapping
 import jax
 
 from remat_explorer.analysis import (DEFAULT_LOWERING, LOWERINGS, NO_REMAT, analyze,
-                                     builtin_policies, compare, compile_costs,
-                                     estimate_costs)
-from remat_explorer.analysis.tradeoffs.compare import AS_WRITTEN, AS_WRITTEN_NO_REMAT
+                                     compare, compile_costs, estimate_costs)
 from remat_explorer.analysis.context import TraceSettings
 from remat_explorer.analysis.program.keywords import check_keywords
 from remat_explorer.viz.widget import _panels
 from remat_explorer.viz.widget._panels import (OUTDATED, STALE, caption_html, error_text,
                                         warnings_html)
+from remat_explorer.viz.widget._policy_controls import ALL_BLOCKS, PolicyControls
 from remat_explorer.viz.widget._search import BudgetSearch
 from remat_explorer.viz.widget._work import Work
 from remat_explorer.viz.charts.costs import (plot_memory_breakdown, plot_pareto,
@@ -39,8 +38,6 @@ from remat_explorer.viz.html.tables import (RESIDUAL_SORT_KEYS, comparison_table
 from remat_explorer.viz.diagram.viewer import svg_img_html
 
 TABS = ('Split diagram', 'Residuals', 'Costs', 'Compare', 'Program')
-_NAMED = 'save_only_these_names (pick names)'
-_ALL_BLOCKS = 'all blocks'
 _AUTO = {'width': 'auto'}  # buttons as wide as their text: never cut
 
 
@@ -125,8 +122,9 @@ class StaticView:
 
 class Explorer:
   """Controls: policy (the program as written first, and selected), names,
-  lowering, block, memory budget (with the bytes it stands for) and the
-  policy search. Tabs: the split diagram (pan, zoom; a click on a collapsed
+  lowering, block (a block picked gets the policy picked for it alone), a
+  policy expression, "copy as code", memory budget (with the bytes it
+  stands for) and the policy search. Tabs: the split diagram (pan, zoom; a click on a collapsed
   call opens it), residual table, compiled costs (with the memory timeline
   and what is live at its peak), policy comparison, jaxprs. A program that
   cannot be analyzed as written still opens, with the error shown."""
@@ -151,29 +149,23 @@ class Explorer:
                       context=self._settings.entered)
     _replace_in_cell(self)
     first = self._first_analysis()
-    self.names = first.names_in_program if first else ()
     # The program as written comes first, and opens: the policies the
     # user wrote, before any other.
-    written = AS_WRITTEN if first is None or first.blocks else AS_WRITTEN_NO_REMAT
-    self.policies = {written: None, 'no remat': NO_REMAT, **builtin_policies()}
+    self.controls = PolicyControls(first, self.refresh)
+    self.policy, self.names_select = self.controls.policy, self.controls.names_select
+    self.block = self.controls.block
     self.comparison = None
     self.search_result = None
     self._compared_lowering = None
     self._generation = 0
     self._compiled_generation = -1
     self._expanded: set[str] = set()
+    self._drawn_block = self.block.value  # node ids are per drawing
     self._picking = False
     self._static_html = ''
 
-    options = list(self.policies) + ([_NAMED] if self.names else [])
-    self.policy = w.Dropdown(options=options, value=written, description='policy')
-    self.names_select = w.SelectMultiple(options=self.names, value=self.names[:1],
-                                         description='names', rows=min(6, len(self.names) or 1),
-                                         layout=w.Layout(display='none'))
     self.lowering = w.Dropdown(options=list(LOWERINGS), value=DEFAULT_LOWERING,
                                description='lowering')
-    self.block = w.Dropdown(options=[_ALL_BLOCKS], value=_ALL_BLOCKS, description='block')
-    self._set_blocks(first)
     self._budget = BudgetSearch(self)
     self.budget, self.budget_note = self._budget.slider, self._budget.note
     self.search_button, self.search_note = self._budget.button, self._budget.found
@@ -198,7 +190,8 @@ class Explorer:
     self.costs_tab = w.VBox([self.estimate_view, self.costs_view])
     self.compare_view = w.HTML('<p>Press “compare all policies” to compile the '
                                'gradient under every policy.</p>')
-    self.pareto_pick = w.ToggleButtons(options=[], description='select',
+    self.pareto_pick = w.ToggleButtons(options=[], description='show',
+                                       tooltip='show this row in every tab',
                                        style={'button_width': 'auto'})
     self.program_view = w.HTML()
     self.tabs = w.Tab(children=[
@@ -208,9 +201,7 @@ class Explorer:
     for i, title in enumerate(TABS):
       self.tabs.set_title(i, title)
 
-    for control in (self.policy, self.names_select, self.lowering):
-      control.observe(lambda _: self.refresh(), names='value')
-    self.block.observe(self._block_changed, names='value')
+    self.lowering.observe(lambda _: self.refresh(), names='value')
     self.layout.observe(self._layout_changed, names='value')
     self.sort_by.observe(lambda _: self._render_residuals(self.current_report()),
                          names='value')
@@ -218,15 +209,18 @@ class Explorer:
     self.compare_button.on_click(lambda _: self._compare())
     self.pareto_pick.observe(self._pick_from_pareto, names='value')
     self.diagram.observe(self._node_clicked, names='click_count')
+    c = self.controls
     self.widget = w.VBox([
         w.HTML(_panels.CSS),
-        w.HBox([self.layout, self.policy, self.names_select, self.lowering, self.block]),
+        w.HBox([self.layout, self.policy, self.names_select, self.lowering, self.block],
+               layout=w.Layout(flex_flow='row wrap')),
+        w.HBox([c.expression, c.expression_note, c.per_block, c.reset, c.copy],
+               layout=w.Layout(flex_flow='row wrap', align_items='center')),
         w.HBox([self.budget, self.budget_note, self.search_button, self.progress],
                layout=w.Layout(flex_flow='row wrap')),
         self.search_note, self.error, self.tabs])
     # Class names for styling and for tests that look at the page.
     self.widget.add_class('remat-explorer')
-    self.policy.add_class('remat-policy')
     self.refresh()
     self._budget.learn_range()
 
@@ -244,14 +238,6 @@ class Explorer:
         continue
     return None
 
-  def _set_blocks(self, report) -> None:
-    """The block control's options: the blocks of `report` (the program as
-    written), shown when there is a choice."""
-    blocks = [_ALL_BLOCKS] + [b.name for b in (report.blocks if report else ())]
-    self.block.options = blocks
-    self.block.value = _ALL_BLOCKS
-    self.block.layout.display = '' if len(blocks) > 2 else 'none'
-
   # -- what the controls say ---------------------------------------------------
 
   @property
@@ -259,10 +245,14 @@ class Explorer:
     """The function the views analyze: the one given, or the chosen layout."""
     return self.layouts[self.layout.value] if self.layouts else self._function
 
+  @property
+  def policies(self) -> dict:
+    """The policy options, by label."""
+    return self.controls.policies
+
   def current_policy(self):
-    if self.policy.value == _NAMED:
-      return jax.checkpoint_policies.save_only_these_names(*self.names_select.value)
-    return self.policies[self.policy.value]
+    """The choice the views show: a policy, or ``{block: policy}``."""
+    return self.controls.choice()
 
   def current_report(self):
     with self._settings.entered():
@@ -270,34 +260,38 @@ class Explorer:
                      lowering=self.lowering.value, argnums=self.argnums, **self.kwargs)
 
   def current_block(self) -> str | None:
-    return None if self.block.value == _ALL_BLOCKS else self.block.value
+    return None if self.block.value == ALL_BLOCKS else self.block.value
 
   # -- views ---------------------------------------------------------------------
 
   def refresh(self) -> None:
     """Re-render the views for the current controls (analysis is cached);
     the compiled costs follow from a worker."""
-    self.names_select.layout.display = '' if self.policy.value == _NAMED else 'none'
+    if self.block.value != self._drawn_block:
+      self._expanded.clear()  # node ids are per drawing
+      self._drawn_block = self.block.value
     self._generation += 1
     generation = self._generation
     try:
       report = self.current_report()
       self._render_analysis(report)
     except Exception as e:  # shown in the widget; the previous views stay
-      self._show_error(e, f'Could not analyze the program under {self.policy.value} '
+      self._show_error(e, f'Could not analyze the program under {self.controls.label()} '
                           f'(lowering {self.lowering.value}); choose another policy or '
                           'lowering, or fix the program and explore it again')
       return
     self.error.value = ''
+    self.controls.shown()
     self._mark_comparison()
     # The compile takes the controls as they are now; its result is dropped
     # if they have changed again by the time it ends.
     fn, policy, lowering = self.f, self.current_policy(), self.lowering.value
-    label = f'{self.layout.value} · {self.policy.value}' if self.layouts else self.policy.value
+    shown = self.controls.label()
+    label = f'{self.layout.value} · {shown}' if self.layouts else shown
     self.costs_tab.add_class(STALE)
     # A newer choice replaces a compile that has not started; the same
     # choice again joins the one under way.
-    names = tuple(self.names_select.value) if self.policy.value == _NAMED else ()
+    names = self.controls.key()
     self._work.start(f'compiling under {label} · lowering {lowering}',
                      lambda _: self._costs_html(fn, label, policy, lowering, report),
                      lambda html: self._show_costs(generation, html),
@@ -314,8 +308,10 @@ class Explorer:
 
   def _shown(self, report) -> str:
     """What a caption says is shown: the layout (where there are several)
-    and the report's policy, with any picked names."""
-    return f'{self.layout.value} · {report.policy}' if self.layouts else report.policy
+    and the report's policy, with any picked names, or the blocks given
+    their own policy."""
+    policy = self.controls.label() if self.controls.own else report.policy
+    return f'{self.layout.value} · {policy}' if self.layouts else policy
 
   def _render_analysis(self, report) -> None:
     diagram = render_diagram(split_graph(report, block=self.current_block(),
@@ -370,10 +366,11 @@ class Explorer:
     if self.layouts:  # each layout as written
       subject, policies, selected = self.layouts, None, self.layout.value
     else:
-      subject, policies, selected = self.f, dict(builtin_policies(self.names)), self.policy.value
+      subject, selected = self.f, self.controls.label()
+      policies = self.controls.comparison_rows()  # the built-ins and every choice tried
       if searched is not None and searched.fits:  # the searched policy is a row too
-        policies.setdefault(self._policy_label(searched.label, searched.policy),
-                            searched.policy)
+        if not any(p is not None and p == searched.policy for p in policies.values()):
+          policies[searched.label] = searched.policy
     self.compare_view.add_class(STALE)
 
     def run(progress):
@@ -415,29 +412,16 @@ class Explorer:
     self.search_note.value = _panels.search_html(result)
     if not result.fits:
       return
-    self.policy.value = self._add_policy(result.label, result.policy)
+    self.controls.select(result.label, result.policy)
     if self.comparison is not None:
       self._compare()
-
-  def _policy_label(self, label, policy) -> str:
-    """The option that already holds `policy`, else `label`."""
-    return next((k for k, p in self.policies.items() if p is not None and p == policy), label)
-
-  def _add_policy(self, label, policy) -> str:
-    """`policy` among the options, once; returns its option."""
-    label = self._policy_label(label, policy)
-    if label not in self.policy.options:  # before the names picker, if any
-      self.policies[label] = policy
-      options = [o for o in self.policy.options if o != _NAMED] + [label]
-      self.policy.options = options + ([_NAMED] if _NAMED in self.policy.options else [])
-    return label
 
   def _set_pareto_options(self, labels) -> None:
     # Setting the options selects one: that is no pick of the user's.
     self._picking = True
     try:
       self.pareto_pick.options = labels
-      shown = self.layout.value if self.layouts else self.policy.value
+      shown = self.layout.value if self.layouts else self.controls.label()
       self.pareto_pick.value = shown if shown in labels else None
     finally:
       self._picking = False
@@ -448,11 +432,12 @@ class Explorer:
       return
     if self.layouts:  # a row is a layout, as written
       self.layout.value = label
-      self.policy.value = self.policy.options[0]
+      self.controls.select(self.policy.options[0])
       return
-    if label not in self.policy.options and self.comparison is not None:
-      label = self._add_policy(label, self.comparison.row(label).policy)
-    self.policy.value = label
+    if label in self.policies:
+      self.controls.select(label)
+    elif self.comparison is not None:
+      self.controls.select(label, self.comparison.row(label).policy)
 
   def _layout_changed(self, _) -> None:
     self._expanded.clear()
@@ -461,14 +446,9 @@ class Explorer:
         first = analyze(self.f, *self.args, argnums=self.argnums, **self.kwargs)
     except Exception:  # refresh() shows the error
       first = None
-    with self.block.hold_trait_notifications():
-      self._set_blocks(first)
+    self.controls.set_blocks(first)
     self.refresh()
     self._budget.learn_range()
-
-  def _block_changed(self, _) -> None:
-    self._expanded.clear()  # node ids are per drawing
-    self.refresh()
 
   def _node_clicked(self, _) -> None:
     """A click on a closed group (a module or function) or call (scan,
