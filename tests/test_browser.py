@@ -315,6 +315,23 @@ def _check_explorer(page):
   return explorer
 
 
+def _cut_selects(explorer) -> list[str]:
+  """The dropdowns whose chosen option is wider than the room they give it."""
+  return explorer.evaluate("""(e) => {
+    const measure = document.createElement('canvas').getContext('2d');
+    return Array.from(e.querySelectorAll('select:not([multiple])'))
+        .filter((s) => s.offsetParent !== null && s.selectedIndex >= 0)
+        .filter((s) => {
+          const style = getComputedStyle(s);
+          measure.font = style.font;
+          const room = s.clientWidth - parseFloat(style.paddingLeft)
+                       - parseFloat(style.paddingRight);
+          return measure.measureText(s.options[s.selectedIndex].text).width > room + 0.5;
+        })
+        .map((s) => s.value);
+  }""")
+
+
 def _check_nothing_cut_and_no_escapes(page, explorer):
   """After a comparison (its policy buttons on the page): every button shows
   its whole text, and no terminal escape is anywhere in the widget."""
@@ -329,6 +346,7 @@ def _check_nothing_cut_and_no_escapes(page, explorer):
       .filter(b => b.offsetParent !== null && b.scrollWidth > b.clientWidth)
       .map(b => b.innerText)""")
   assert cut == [], f'buttons whose text is cut: {cut}'
+  assert _cut_selects(explorer) == []
   explorer.get_by_role('tab', name='Program').click()
   explorer.locator('.remat-jaxpr').first.wait_for(timeout=30_000)
   text = explorer.evaluate('(e) => e.textContent')
@@ -380,6 +398,7 @@ def test_explorer_in_jupyterlab(lab, browser, tmp_path):
   page.wait_for_function(
       "([e, text]) => e.querySelector('.remat-policy select').value === text",
       arg=[explorer.element_handle(), expression], timeout=30_000)
+  assert _cut_selects(explorer) == []
   code = _kernel_print(page, 'print(explorer.controls.copy.code, end="")')  # once it is shown
   assert ('policy = jax.checkpoint_policies.save_from_both_policies('
           'jax.checkpoint_policies.dots_saveable, ') in code
