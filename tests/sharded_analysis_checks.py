@@ -142,6 +142,30 @@ def test_compiled_memory_per_device_falls_as_the_mesh_grows():
   assert shares[0] == reports[0].residual_bytes
   assert all(a > b for a, b in zip(shares, shares[1:])), shares
   assert reports[-1].jaxpr_flops_per_device == reports[-1].total_flops / 8
+  # The same compiles, charted (plot_per_device_memory).
+  _check_per_device_memory_chart(
+      {f'{shape[0]}×{shape[1]}': c for shape, c in zip(MESHES, costs)})
+
+
+def _check_per_device_memory_chart(costs):
+  """The chart of per-device memory: a bar per mesh, each ending at XLA's
+  per-device total; bars on one mesh say the mesh once, in the title."""
+  fig = viz.plot_per_device_memory(costs)
+  ax = fig.axes[0]
+  ticks = [t.get_text() for t in ax.get_yticklabels()]
+  assert len(ticks) == len(costs)
+  for tick, (label, c) in zip(ticks, costs.items()):
+    assert tick.startswith(f'{label} · {c.num_devices} device'), tick
+  total = lambda c: c.argument_bytes + c.output_bytes + c.temp_bytes
+  scale = charts.byte_unit(max(total(c) for c in costs.values()))
+  n = len(costs)
+  for i, c in enumerate(costs.values()):
+    ends = [p.get_x() + p.get_width() for p in ax.patches[i::n]]
+    assert max(ends) == pytest.approx(total(c) / scale)
+  assert 'per device' in ax.get_xlabel()
+  one_mesh = viz.plot_per_device_memory({'a': costs['4×2'], 'b': costs['4×2']}).axes[0]
+  assert [t.get_text() for t in one_mesh.get_yticklabels()] == ['a', 'b']
+  assert '8 devices (data=4 × model=2)' in one_mesh.get_title()
 
 
 # -- collectives ---------------------------------------------------------------------
@@ -365,31 +389,6 @@ def test_search_prices_per_device_and_counts_every_compile():
 
 
 # -- viz ---------------------------------------------------------------------------------
-
-def test_per_device_memory_chart_has_a_bar_per_mesh():
-  costs = {}
-  for shape in MESHES:
-    loss_fn, args = examples.sharded_transformer(examples.data_model_mesh(*shape),
-                                                 batch=16, seed=5)
-    costs[f'{shape[0]}×{shape[1]}'] = compile_costs(loss_fn, *args)
-  fig = viz.plot_per_device_memory(costs)
-  ax = fig.axes[0]
-  ticks = [t.get_text() for t in ax.get_yticklabels()]
-  assert len(ticks) == len(costs)
-  for tick, (label, c) in zip(ticks, costs.items()):
-    assert tick.startswith(f'{label} · {c.num_devices} device'), tick
-  total = lambda c: c.argument_bytes + c.output_bytes + c.temp_bytes
-  scale = charts.byte_unit(max(total(c) for c in costs.values()))
-  n = len(costs)
-  for i, c in enumerate(costs.values()):  # each bar ends at XLA's per-device total
-    ends = [p.get_x() + p.get_width() for p in ax.patches[i::n]]
-    assert max(ends) == pytest.approx(total(c) / scale)
-  assert 'per device' in ax.get_xlabel()
-  # Bars on one mesh: the mesh is said once, in the title.
-  one_mesh = viz.plot_per_device_memory({'a': costs['4×2'], 'b': costs['4×2']}).axes[0]
-  assert [t.get_text() for t in one_mesh.get_yticklabels()] == ['a', 'b']
-  assert '8 devices (data=4 × model=2)' in one_mesh.get_title()
-
 
 def test_residual_table_and_diagram_show_the_shards():
   mesh = examples.data_model_mesh(2, 4)
