@@ -23,6 +23,8 @@ STATIC = Path(__file__).parent / 'static'
 D3_MODULES = ('d3-color', 'd3-dispatch', 'd3-ease', 'd3-interpolate', 'd3-selection',
               'd3-timer', 'd3-transition', 'd3-drag', 'd3-zoom')
 """In dependency order: each module's ``require``s are loaded before it."""
+VIEWER_SCRIPTS = ('viewer_search.js', 'viewer_minimap.js', 'viewer.js')
+"""The viewer's own scripts, the one that uses the others last."""
 
 # Each d3 file is a UMD bundle. Given `module` and `exports` it takes its
 # CommonJS branch, so no `d3` global is made (a page may hold another d3)
@@ -50,7 +52,8 @@ def viewer_script() -> str:
     parts.append(f'd3Load({name!r}, function (module, exports, require) {{\n{source}\n}});')
   parts.append('const d3 = Object.assign({}, d3Modules["d3-selection"], '
                'd3Modules["d3-zoom"]);')
-  parts.append((STATIC / 'viewer.js').read_text(encoding='utf-8'))
+  for name in VIEWER_SCRIPTS:
+    parts.append((STATIC / name).read_text(encoding='utf-8'))
   script = '\n'.join(parts)
   # Inlined in a <script> element, these would end it or open a comment.
   assert '</script' not in script.lower() and '<!--' not in script, 'unsafe to inline'
