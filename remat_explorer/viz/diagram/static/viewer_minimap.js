@@ -20,7 +20,7 @@ function mountMinimap(stage, onPan) {
   let geometry = null, scale = 1, url = null;
 
   const drawingPoint = (event) => {
-    const r = box.getBoundingClientRect();
+    const r = image.getBoundingClientRect();
     return [(event.clientX - r.left) / scale, (event.clientY - r.top) / scale];
   };
   // Pointer events stay in the minimap: the main view's drag never sees them.
