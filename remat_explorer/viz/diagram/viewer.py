@@ -1,12 +1,19 @@
 """The split diagram on a page: pan and zoom where scripts run, an image where
 they do not.
 
-The viewer (``static/viewer.js``) shows an SVG at its natural size, where
-Graphviz's labels are 12-15 CSS px, and pans and zooms it with d3-zoom
-(vendored under ``static/d3/``, each module as npm ships it, with its
-licence: no network at run time). The same script serves the Explorer's
-widget (``viewer_widget.DiagramViewer``) and the static report
-(``static_viewer_html``). An untrusted notebook keeps no scripts and no
+The viewer (``static/viewer.js``) opens an SVG at the largest zoom that
+shows it whole, up to its natural size, unless its smallest text would be
+under 11 CSS px: then at the zoom where it is 11 px, from the top left of
+the forward pass (and the title where it fits beside). It pans and zooms
+with d3-zoom (vendored under ``static/d3/``, each module as npm ships it,
+with its licence: no network at run time); a minimap in the stage's corner
+(``static/viewer_minimap.js``) shows and moves the view, and a search box
+(``static/viewer_search.js``) finds nodes by what their labels and tooltips
+say (a name, a module path, ``model.py:42``). Shown another drawing (the
+widget's ``svg`` set again), it keeps the zoom and position the user chose.
+The same script serves the Explorer's widget
+(``viewer_widget.DiagramViewer``) and the static report
+(``static_viewer_html``, whose element keeps its viewer as ``rematViewer``). An untrusted notebook keeps no scripts and no
 inline SVG, so the Explorer's fallback shows the diagram as an ``<img>`` of
 SVG data (``svg_img_html``), which JupyterLab keeps.
 """
