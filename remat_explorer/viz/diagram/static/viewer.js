@@ -221,19 +221,18 @@ function mountViewer(host, {onClick, focus = 'cluster_forward'} = {}) {
     const before = current && d3.zoomTransform(current.svg);
     minimap.clear();
     stage.replaceChildren();
+    readout.textContent = '';
     current = null;
+    const nothing = (why) => {
+      stage.textContent = why;
+      search.refresh();  // the old drawing's matches are gone
+    };
     let svg = source;
     if (typeof source === 'string') {
-      if (!source.trim()) {
-        stage.textContent = 'no diagram';
-        return;
-      }
+      if (!source.trim()) return nothing('no diagram');
       const doc = new DOMParser().parseFromString(source, 'image/svg+xml');
       svg = doc.documentElement;
-      if (svg.nodeName !== 'svg') {
-        stage.textContent = 'the diagram could not be read';
-        return;
-      }
+      if (svg.nodeName !== 'svg') return nothing('the diagram could not be read');
       svg = document.importNode(svg, true);
     }
     // The minimap's image: the drawing as it came, before the changes below.
