@@ -252,6 +252,19 @@ def _check_viewer(page, viewer):
   assert inside, 'the fitted diagram is not wholly in view'
   viewer.get_by_role('button', name='100%').click()
   assert _scale(_transform(viewer)) == pytest.approx(4 / 3)
+
+  # The search box takes its keys, in a notebook too (where letters and
+  # digits are commands): a node's id finds it.
+  node_id = viewer.locator('g.node').first.get_attribute('id')
+  search = viewer.get_by_role('searchbox')
+  search.press_sequentially(node_id)
+  assert search.input_value() == node_id
+  assert re.fullmatch(r'1 of \d+', viewer.locator('.remat-viewer-found').inner_text())
+  current = viewer.locator('g.node.remat-match-current')
+  assert node_id in current.evaluate("(g) => g.querySelector('title').textContent + ' '"
+                                     " + g.querySelector('a').getAttribute('xlink:title')")
+  search.press('Escape')
+  assert viewer.locator('g.node.remat-match').count() == 0
   return smallest
 
 

@@ -1,12 +1,19 @@
 """The split diagram on a page: pan and zoom where scripts run, an image where
 they do not.
 
-The viewer (``static/viewer.js``) shows an SVG at its natural size, where
-Graphviz's labels are 12-15 CSS px, and pans and zooms it with d3-zoom
-(vendored under ``static/d3/``, each module as npm ships it, with its
-licence: no network at run time). The same script serves the Explorer's
-widget (``viewer_widget.DiagramViewer``) and the static report
-(``static_viewer_html``). An untrusted notebook keeps no scripts and no
+The viewer (``static/viewer.js``) opens an SVG at the largest zoom that
+shows it whole, up to its natural size, unless its smallest text would be
+under 11 CSS px: then at the zoom where it is 11 px, from the top left of
+the forward pass (and the title where it fits beside). It pans and zooms
+with d3-zoom (vendored under ``static/d3/``, each module as npm ships it,
+with its licence: no network at run time); a minimap in the stage's corner
+(``static/viewer_minimap.js``) shows and moves the view, and a search box
+(``static/viewer_search.js``) finds nodes by what their labels and tooltips
+say (a name, a module path, ``model.py:42``). Shown another drawing (the
+widget's ``svg`` set again), it keeps the zoom and position the user chose.
+The same script serves the Explorer's widget
+(``viewer_widget.DiagramViewer``) and the static report
+(``static_viewer_html``, whose element keeps its viewer as ``rematViewer``). An untrusted notebook keeps no scripts and no
 inline SVG, so the Explorer's fallback shows the diagram as an ``<img>`` of
 SVG data (``svg_img_html``), which JupyterLab keeps.
 """
@@ -23,6 +30,8 @@ STATIC = Path(__file__).parent / 'static'
 D3_MODULES = ('d3-color', 'd3-dispatch', 'd3-ease', 'd3-interpolate', 'd3-selection',
               'd3-timer', 'd3-transition', 'd3-drag', 'd3-zoom')
 """In dependency order: each module's ``require``s are loaded before it."""
+VIEWER_SCRIPTS = ('viewer_search.js', 'viewer_minimap.js', 'viewer.js')
+"""The viewer's own scripts, the one that uses the others last."""
 
 # Each d3 file is a UMD bundle. Given `module` and `exports` it takes its
 # CommonJS branch, so no `d3` global is made (a page may hold another d3)
@@ -50,7 +59,8 @@ def viewer_script() -> str:
     parts.append(f'd3Load({name!r}, function (module, exports, require) {{\n{source}\n}});')
   parts.append('const d3 = Object.assign({}, d3Modules["d3-selection"], '
                'd3Modules["d3-zoom"]);')
-  parts.append((STATIC / 'viewer.js').read_text(encoding='utf-8'))
+  for name in VIEWER_SCRIPTS:
+    parts.append((STATIC / name).read_text(encoding='utf-8'))
   script = '\n'.join(parts)
   # Inlined in a <script> element, these would end it or open a comment.
   assert '</script' not in script.lower() and '<!--' not in script, 'unsafe to inline'

@@ -1,11 +1,12 @@
 """The diagram viewer as a widget (anywidget: no build step, no extension to
 install beyond ``pip``; it runs in JupyterLab 4 and Notebook 7).
 
-Python sets ``svg``; the front end shows it at natural size with pan and
-zoom (``viewer.js``) and sets ``clicked`` to the id of a node the user
+Python sets ``svg``; the front end shows it with pan, zoom, a minimap and
+a search box (``viewer.js``) and sets ``clicked`` to the id of a node the user
 clicks (Graphviz writes each node's id on its ``<g class="node">``), adding
 one to ``click_count`` so that a second click on the same node is seen too.
-Setting ``svg`` again replaces the drawing.
+Setting ``svg`` again replaces the drawing, keeping the zoom and position
+the user chose.
 """
 
 from __future__ import annotations
