@@ -315,14 +315,19 @@ def _calls(frames: Sequence[Frame]) -> list[tuple]:
   identified by the call sites leading to it and the method itself, so
   that two calls of one method from different lines differ. JAX's own
   methods (``ufunc.__call__``, ...) are not a model's modules."""
-  keys, sites = [], []
-  for file, line, function in frames:
+  return [key for _, key in _indexed_calls(frames)]
+
+
+def _indexed_calls(frames: Sequence[Frame]) -> list[tuple[int, tuple]]:
+  """``_calls``, each with the index of its method's frame in `frames`."""
+  found, sites = [], []
+  for i, (file, line, function) in enumerate(frames):
     if _is_jax_file(file):
       continue
     if _is_method(function):
-      keys.append((*sites, (file, function)))
+      found.append((i, (*sites, (file, function))))
     sites.append((file, line))
-  return keys
+  return found
 
 
 class ModulePaths:
@@ -382,6 +387,13 @@ class ModulePaths:
       if self._path_of_call.get(call):
         return self._path_of_call[call]
     return ''
+
+  def method_paths(self, frames: Sequence[Frame]) -> dict[int, str]:
+    """For the frames of a call stack (outermost first), the module path of
+    each method call among them whose parameters name one, by frame index:
+    which of the user's calls are modules, and which modules they are."""
+    return {i: path for i, call in _indexed_calls(frames)
+            if (path := self._path_of_call.get(call))}
 
 
 def _sub_programs(eqn) -> list[tuple]:

@@ -27,6 +27,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+import jax
+import jax.numpy as jnp
 from jax.extend.core import Literal, jaxprs_in_params
 
 from remat_explorer.analysis.split import flops as flop_count
@@ -46,7 +48,8 @@ ELEMENTWISE = frozenset('''
     reduce_precision copy copy_p real imag conj not is_finite stop_gradient
     add sub mul div max min pow rem add_any'''.split())
 
-INPUT_ROLES = ('input', 'residual', 'saved', 'tangent', 'const')
+INPUT_ROLES = ('input', 'residual', 'saved', 'tangent', 'const', 'argument',
+               'saved argument')
 MAX_CALL_EQUATIONS = 400
 """A call with more equations than this is one node that does not open."""
 
@@ -78,6 +81,9 @@ class GraphNode:
   group: tuple[str, ...] = ()
   """Where it sits in the user's model or code, below the block: what a
   diagram groups by (see the module)."""
+  group_titles: tuple[str, ...] = ()
+  """How each level of `group` is shown: a module by its full module path
+  (``blocks/attention/query``), a function by its name."""
   parent: str | None = None
   """The call node it is inside, if any."""
   elementwise: bool = False
@@ -93,7 +99,8 @@ class GraphEdge:
   kind: str = 'data'
   """'data', 'residual' (forward to backward) or 'body' (call to its jaxpr)."""
   residual: int | None = None
-  """For a residual edge: its index in the block's ``BlockReport.residuals``."""
+  """For a residual edge: its index in the block's ``BlockReport.residuals``
+  (outside any block: in ``RematReport.residuals``)."""
   bytes: int = 0
   name: str | None = None
   per_device_aval: str | None = None
@@ -119,6 +126,9 @@ class GraphBlock:
   alike: tuple[str, ...] = ()
   """Names of every block whose split this one stands for, itself first,
   when several are alike (the layers of an unrolled model)."""
+  outside: bool = False
+  """Not a block: the residuals the program saves outside every remat block
+  (``Residual.block`` None), each from its producer to the backward pass."""
 
 
 @dataclass(frozen=True)
@@ -159,6 +169,10 @@ def _build(report: RematReport, block: str | None) -> SplitGraph:
   groups = _alike_groups(chosen) if block is None else [[b] for b in chosen]
   for i, same in enumerate(groups):
     builder.add_block(i, same)
+  if block is None:
+    outside = [r for r in report.residuals if r.block is None]
+    if outside:
+      builder.add_outside(len(groups), outside)
   notes = () if groups else ('no block was split by differentiation',)
   return SplitGraph(f'{report.function} · policy {report.policy}',
                     tuple(builder.blocks), tuple(builder.nodes), tuple(builder.edges),
@@ -198,6 +212,7 @@ class _Builder:
     self.blocks: list[GraphBlock] = []
     self.nodes: list[GraphNode] = []
     self.edges: list[GraphEdge] = []
+    self._position: dict[str, int] = {}  # node id -> index in `nodes`
 
   def add_block(self, i: int, same: list[BlockReport]) -> None:
     block = same[0]
@@ -223,8 +238,54 @@ class _Builder:
     self._outputs(i, 'backward', f'b{i}', staged.outvars, b_out, 'tangent out')
     self._residual_edges(i, block, split, f_in, f_out, b_in)
     self.nodes[first_node:] = [
-        n if not n.group else dataclasses.replace(n, group=grouping.names(n.group))
+        n if not n.group else dataclasses.replace(n, **grouping.names(n.group))
         for n in self.nodes[first_node:]]
+
+  def add_outside(self, i: int, residuals) -> None:
+    """The residuals saved outside every block, as block `i`: per residual,
+    its producer on the forward side (an equation, grouped by its module
+    path or the user's function; or the argument saved as it is) and the
+    saved value on the backward side, joined by a residual edge."""
+    self.blocks.append(GraphBlock(
+        i, OUTSIDE_BLOCKS, '', '', (), None, '', sum(r.bytes for r in residuals), 0, 0,
+        outside=True))
+    for r in residuals:
+      types = aval_text(_aval(r.dtype, r.shape))
+      src, dst = f'f{i}_r{r.index}', f'b{i}_r{r.index}'
+      if r.kind == 'equation':
+        group, titles = _outside_group(r)
+        self._add(GraphNode(src, i, 'forward', 'eqn', r.primitive or 'equation', types,
+                            flops=r.producer_flops or 0, name=r.name, site=r.site,
+                            module_path=r.module_path, group=group, group_titles=titles))
+        role = 'residual'
+      else:
+        forward_role = 'argument' if r.kind == 'argument' else 'const'
+        self._add(GraphNode(src, i, 'forward', 'input', r.argument or r.kind, types,
+                            role=forward_role, module_path=r.module_path))
+        role = 'saved argument' if r.kind == 'argument' else 'const'
+      self._add(GraphNode(dst, i, 'backward', 'input', _ROLE_TITLES[role], types,
+                          role=role))
+      local_aval = None
+      if r.per_device_shape is not None:
+        local_aval = aval_text(_aval(r.dtype, r.per_device_shape))
+      self.edges.append(GraphEdge(src, dst, 'residual', r.index, r.bytes, r.name,
+                                  local_aval, r.per_device_bytes))
+
+  def _add(self, node: GraphNode) -> None:
+    self._position[node.id] = len(self.nodes)
+    self.nodes.append(node)
+
+  def _fold(self, into: str, eqn, name: str | None) -> None:
+    """Draw `eqn`, which only names or rounds a value, as part of the node
+    that made the value: that node carries the name."""
+    k = self._position[into]
+    node = self.nodes[k]
+    changes = {}
+    if name is not None:
+      changes.update(name=name, elementwise=False)
+    if node.kind in ('eqn', 'call'):
+      changes['equations'] = node.equations + 1
+    self.nodes[k] = dataclasses.replace(node, **changes)
 
   # -- jaxprs ---------------------------------------------------------------------
 
@@ -238,8 +299,13 @@ class _Builder:
     env.update(zip(jaxpr.invars, in_ids))
     for j, eqn in enumerate(jaxpr.eqns):
       nid = f'{prefix}_e{j}'
-      self.nodes.append(self._equation(block, side, nid, eqn, j in recomputed,
-                                       grouping, parent, context))
+      made_by = _passes_on(eqn, env)
+      if made_by is not None:
+        self._fold(made_by, eqn, name_of_named_value(eqn))
+        env.update((v, made_by) for v in eqn.outvars)
+        continue
+      self._add(self._equation(block, side, nid, eqn, j in recomputed,
+                               grouping, parent, context))
       for src in dict.fromkeys(env[v] for v in eqn.invars
                                if not isinstance(v, Literal) and v in env):
         self.edges.append(GraphEdge(src, nid))
@@ -257,8 +323,8 @@ class _Builder:
     return in_ids, outs
 
   def _input(self, block, side, nid, v, role, parent) -> str:
-    self.nodes.append(GraphNode(nid, block, side, 'input', _ROLE_TITLES[role],
-                                aval_text(v.aval), role=role, parent=parent))
+    self._add(GraphNode(nid, block, side, 'input', _ROLE_TITLES[role],
+                        aval_text(v.aval), role=role, parent=parent))
     return nid
 
   def _equation(self, block, side, nid, eqn, recomputed, grouping, parent,
@@ -286,8 +352,8 @@ class _Builder:
     for k, (v, src) in enumerate(zip(outvars, sources)):
       nid = f'{prefix}_o{k}'
       types = aval_text(v.aval) if not isinstance(v, Literal) else f'literal {v.val}'
-      self.nodes.append(GraphNode(nid, block, side, 'output', title, types,
-                                  role='output' if side == 'forward' else 'tangent out'))
+      self._add(GraphNode(nid, block, side, 'output', title, types,
+                          role='output' if side == 'forward' else 'tangent out'))
       if src is not None:
         self.edges.append(GraphEdge(src, nid))
 
@@ -299,15 +365,14 @@ class _Builder:
     for r, (v, src) in enumerate(zip(known.outvars[n_out:], f_out[n_out:])):
       if src is None:  # a literal residual: give it a node to start from
         src = f'f{i}_lit{r}'
-        self.nodes.append(GraphNode(src, i, 'forward', 'input', 'literal',
-                                    str(getattr(v, 'val', '')), role='const'))
+        self._add(GraphNode(src, i, 'forward', 'input', 'literal',
+                            str(getattr(v, 'val', '')), role='const'))
       self._residual_edge(src, b_in[r], block, by_position.get(r), v.aval)
     for k, (known_index, staged_index) in enumerate(split.saved_inputs):
       if known_index is None:  # read by the backward pass only
         src = f'f{i}_saved{k}'
-        self.nodes.append(GraphNode(src, i, 'forward', 'input', 'block input',
-                                    aval_text(staged.invars[staged_index].aval),
-                                    role='input'))
+        self._add(GraphNode(src, i, 'forward', 'input', 'block input',
+                            aval_text(staged.invars[staged_index].aval), role='input'))
       else:
         src = f_in[known_index]
       self._residual_edge(src, b_in[staged_index], block,
@@ -326,7 +391,50 @@ class _Builder:
 
 
 _ROLE_TITLES = {'input': 'input', 'residual': 'residual', 'saved': 'saved input',
-                'tangent': 'tangent', 'const': 'constant'}
+                'tangent': 'tangent', 'const': 'constant', 'argument': 'argument',
+                'saved argument': 'saved argument'}
+
+OUTSIDE_BLOCKS = 'outside remat blocks'
+"""The name of the ``GraphBlock`` that holds the residuals saved outside
+every block."""
+
+
+def _passes_on(eqn, env) -> str | None:
+  """For an equation that computes nothing, the node of the value it passes
+  on: a ``checkpoint_name`` (the value is drawn with its name), or the
+  rounding of a residual to its own dtype that the split adds."""
+  if len(eqn.invars) != 1 or len(eqn.outvars) != 1 or isinstance(eqn.invars[0], Literal):
+    return None
+  if name_of_named_value(eqn) is None and not _rounds_to_own_dtype(eqn):
+    return None
+  return env.get(eqn.invars[0])
+
+
+def _rounds_to_own_dtype(eqn) -> bool:
+  if eqn.primitive.name != 'reduce_precision':
+    return False
+  try:
+    info = jnp.finfo(eqn.outvars[0].aval.dtype)
+  except (TypeError, ValueError, AttributeError):
+    return False
+  return (eqn.params.get('exponent_bits') == info.nexp
+          and eqn.params.get('mantissa_bits') == info.nmant)
+
+
+def _aval(dtype: str, shape) -> jax.core.ShapedArray:
+  return jax.core.ShapedArray(tuple(shape), jnp.dtype(dtype))
+
+
+def _outside_group(r) -> tuple[tuple[str, ...], tuple[str, ...]]:
+  """The group of a residual saved outside blocks: its module path, else
+  the user's function that computed it."""
+  parts = [p for p in r.module_path.split('/') if p]
+  if parts:
+    return tuple(parts), tuple('/'.join(parts[:k + 1]) for k in range(len(parts)))
+  if r.site is not None:
+    name = display_name(r.site.function)
+    return (name,), (name,)
+  return (), ()
 
 
 def _call_title(eqn) -> str:
@@ -344,13 +452,18 @@ def _count(jaxpr) -> int:
 
 
 class _Grouping:
-  """Where an equation sits in the user's terms, below its block: its
-  module path relative to the block's where the program's parameters name
-  modules, else the user's functions the block calls on the way to it (the
-  same function called from two lines is two groups, ``_layer_norm @158``
-  and ``_layer_norm @161``); inside either, the equations a library
-  function made (``gelu``, ``softmax``, ``einsum``) are grouped by that
-  function."""
+  """Where an equation sits in the user's terms, below its block.
+
+  Where the program's parameters name modules, by module: its module path
+  relative to the block's (``('attention', 'query')``, shown as the full
+  path ``blocks/attention/query``); below the innermost module, the user's
+  own calls it runs in (a module without parameters, by its class; a
+  helper function, by its name). Else by the user's functions the block
+  calls on the way to it (the same function called from two lines is two
+  groups, ``_layer_norm @158`` and ``_layer_norm @161``). Inside either,
+  the equations a library function made (``gelu``, ``softmax``) are
+  grouped by that function; those the block's own code makes directly stay
+  at its top, never a box of their own."""
 
   def __init__(self, block: BlockReport, module_paths):
     self.block_path = [p for p in block.module_path.split('/') if p]
@@ -363,49 +476,75 @@ class _Grouping:
     self._sites: dict[str, set[int]] = {}
 
   def of(self, eqn, context) -> tuple[str, tuple]:
-    """(module path, raw group): the group's parts are module names, or
-    (function, line it was called from) pairs, made names by ``names``."""
+    """(module path, raw group): the group's parts are ``('module', name,
+    path)``, ``('call', function, line it was called from)`` or
+    ``('library', function)``, made ids and titles by ``names``."""
     module_path = '' if self.paths is None else self.paths.of(eqn)
     if not module_path and context is not None and self.paths is not None:
       module_path = self.paths.of(context)
-    if self.by_module:
-      parts = [p for p in module_path.split('/') if p]
-      group = (tuple(parts[len(self.block_path):])
-               if parts[:len(self.block_path)] == self.block_path else ())
-    else:
-      group = self._functions(eqn, context)
-    library = _library_function(eqn, context)
-    if library and (not group or group[-1] != library):
-      group = (*group, library)
-    return module_path, group
-
-  def _functions(self, eqn, context) -> tuple:
     frames = frames_of(eqn.source_info.traceback)
     if context is not None:
       frames = frames_in_call(frames_of(context.source_info.traceback), frames)
-    frames = [f for f in frames if not is_library_file(f[0])]
-    names = [display_name(f[2]) for f in frames]
+    if self.by_module:
+      parts = [p for p in module_path.split('/') if p]
+      inside = parts[:len(self.block_path)] == self.block_path
+      depth = len(self.block_path)
+      group = tuple(('module', p, '/'.join(parts[:depth + k + 1]))
+                    for k, p in enumerate(parts[depth:])) if inside else ()
+      # The user's calls below the innermost module call.
+      modules = self.paths.method_paths(frames)
+      group += self._calls(frames, below=max(modules, default=-1))
+      if not group:
+        group = _library_module(frames, below=max(modules, default=-1))
+    else:
+      group = self._calls(frames, below=-1)
+    library = _library_function(eqn, context)
+    if library and group and group[-1][1] != library:
+      group = (*group, ('library', library))
+    return module_path, group
+
+  def _calls(self, frames, below: int) -> tuple:
+    """The user's function calls after the block's entry and after frame
+    index `below`, as ``('call', name, line called from)``; lambdas and
+    comprehensions are part of the function around them."""
+    users = [(i, f) for i, f in enumerate(frames) if not is_library_file(f[0])]
+    names = [display_name(f[2]) for _, f in users]
     start = names.index(self.entry) + 1 if self.entry in names else 0
     parts = []
-    for caller, frame in zip(frames[start - 1:] if start else [None] + list(frames),
-                             frames[start:]):
-      name = display_name(frame[2])
-      line = caller[1] if caller is not None else 0
+    for k in range(start, len(users)):
+      i, frame = users[k]
+      name = names[k]
+      if i <= below or name.startswith('<'):
+        continue
+      line = users[k - 1][1][1] if k > 0 else 0
       self._sites.setdefault(name, set()).add(line)
-      parts.append((name, line))
+      parts.append(('call', name, line))
     return tuple(parts)
 
-  def names(self, group: tuple) -> tuple[str, ...]:
-    """The group's parts as shown: a function called from several lines of
-    the block gets the line it was called from."""
-    out = []
-    for part in group:
-      if isinstance(part, tuple):
-        name, line = part
-        out.append(f'{name} @{line}' if len(self._sites.get(name, ())) > 1 else name)
-      else:
-        out.append(part)
-    return tuple(out)
+  def names(self, group: tuple) -> dict[str, tuple[str, ...]]:
+    """The group's ids and titles (``GraphNode.group``, ``group_titles``): a
+    function called from several lines of the block gets the line it was
+    called from."""
+    ids, titles = [], []
+    for kind, name, *where in group:
+      if kind == 'call' and len(self._sites.get(name, ())) > 1:
+        name = f'{name} @{where[0]}'
+      ids.append(name)
+      titles.append(where[0] if kind == 'module' else name)
+    return dict(group=tuple(ids), group_titles=tuple(titles))
+
+
+def _library_module(frames, below: int) -> tuple:
+  """A library's module without parameters that the user's code called
+  (``nnx.RMSNorm(use_scale=False)``), as a group by its class: the frame
+  after the user's last one is its ``__call__``."""
+  users = [i for i, f in enumerate(frames) if not is_library_file(f[0])]
+  if not users or users[-1] + 1 >= len(frames) or users[-1] + 1 <= below:
+    return ()
+  function = frames[users[-1] + 1][2]
+  if not function.endswith('.__call__') or '<' in function or function.startswith('_'):
+    return ()
+  return (('call', display_name(function), frames[users[-1]][1]),)
 
 
 def _library_function(eqn, context) -> str | None:

@@ -22,8 +22,9 @@ from remat_explorer.viz.diagram._graph import Diagram, Edge, Node, Section
 from remat_explorer.viz.text import format_bytes, format_flops
 
 _GATHERED = {'input': 'block inputs', 'const': 'constants', 'tangent': 'cotangents in',
-             'saved': 'saved inputs', 'output': 'outputs', 'tangent out': 'gradients out'}
-_INPUT_ROLES = ('input', 'const', 'tangent', 'saved')
+             'saved': 'saved inputs', 'output': 'outputs', 'tangent out': 'gradients out',
+             'argument': 'arguments', 'saved argument': 'saved arguments'}
+_INPUT_ROLES = ('input', 'const', 'tangent', 'saved', 'argument', 'saved argument')
 
 
 ALL = 'all'
@@ -127,8 +128,10 @@ class _Drawer:
 
   def _group(self, section: Section, name: str, nodes: list[GraphNode], depth: int) -> None:
     gid = f'{section.id}/{name}'  # a section's id is its group's path
+    titles = nodes[0].group_titles
+    title = titles[depth] if len(titles) > depth else name
     if self.opened(gid):
-      child = Section(gid, name)
+      child = Section(gid, title)
       section.children.append(child)
       self.place(child, nodes, depth + 1)
       return
@@ -137,7 +140,7 @@ class _Drawer:
     recomputed = sum(n.equations for n in nodes if n.recomputed)
     flops = sum(n.flops for n in nodes)
     names = sorted({d.name for d in inside if d.name})
-    lines = [name, f'{equations} eqns · {format_flops(flops)}']
+    lines = [title, f'{equations} eqns · {format_flops(flops)}']
     saved = [e for d in inside for e in self.saves.get(d.id, ())]
     if saved:
       lines.append(f'saves {len(saved)} residual{"s" * (len(saved) != 1)} '
@@ -228,6 +231,10 @@ def _where(nodes: list[GraphNode]) -> list[str]:
 
 
 def _block_title(block: GraphBlock, side: str) -> str:
+  if block.outside:
+    saved = format_bytes(block.residual_bytes)
+    return (f'{block.name} · saves {saved}' if side == 'forward'
+            else f'{block.name} · reads {saved} saved by the forward pass')
   runs = f' · runs ×{block.trip_count}' if (block.trip_count or 1) > 1 else ''
   where = ' / '.join(block.path)
   head = (block.name + (f' ({block.module_path})' if block.module_path else '')
