@@ -48,8 +48,7 @@ ELEMENTWISE = frozenset('''
     reduce_precision copy copy_p real imag conj not is_finite stop_gradient
     add sub mul div max min pow rem add_any'''.split())
 
-INPUT_ROLES = ('input', 'residual', 'saved', 'tangent', 'const', 'argument',
-               'saved argument')
+INPUT_ROLES = ('input', 'residual', 'saved', 'tangent', 'const')
 MAX_CALL_EQUATIONS = 400
 """A call with more equations than this is one node that does not open."""
 
@@ -127,8 +126,15 @@ class GraphBlock:
   """Names of every block whose split this one stands for, itself first,
   when several are alike (the layers of an unrolled model)."""
   outside: bool = False
-  """Not a block: the residuals the program saves outside every remat block
-  (``Residual.block`` None), each from its producer to the backward pass."""
+  """Not a block: the values the program computes and saves outside every
+  remat block (``Residual.block`` None), each from its producer to the
+  backward pass. The arguments the backward pass reads (``kind``
+  'argument') are counted in `arguments`, not drawn: they are the
+  program's inputs, held anyway, and the blocks that read them draw them
+  as saved inputs."""
+  arguments: tuple[int, int] = (0, 0)
+  """For the outside block: how many arguments the backward pass reads
+  outside the blocks' splits, and their bytes."""
 
 
 @dataclass(frozen=True)
@@ -171,7 +177,7 @@ def _build(report: RematReport, block: str | None) -> SplitGraph:
     builder.add_block(i, same)
   if block is None:
     outside = [r for r in report.residuals if r.block is None]
-    if outside:
+    if any(r.kind != 'argument' for r in outside):
       builder.add_outside(len(groups), outside)
   notes = () if groups else ('no block was split by differentiation',)
   return SplitGraph(f'{report.function} · policy {report.policy}',
@@ -242,29 +248,26 @@ class _Builder:
         for n in self.nodes[first_node:]]
 
   def add_outside(self, i: int, residuals) -> None:
-    """The residuals saved outside every block, as block `i`: per residual,
+    """The values saved outside every block, as block `i`: per residual,
     its producer on the forward side (an equation, grouped by its module
-    path or the user's function; or the argument saved as it is) and the
+    path or the user's function; a literal or constant as it is) and the
     saved value on the backward side, joined by a residual edge."""
+    arguments = [r for r in residuals if r.kind == 'argument']
+    computed = [r for r in residuals if r.kind != 'argument']
     self.blocks.append(GraphBlock(
-        i, OUTSIDE_BLOCKS, '', '', (), None, '', sum(r.bytes for r in residuals), 0, 0,
-        outside=True))
-    for r in residuals:
+        i, OUTSIDE_BLOCKS, '', '', (), None, '', sum(r.bytes for r in computed), 0, 0,
+        outside=True, arguments=(len(arguments), sum(r.bytes for r in arguments))))
+    for r in computed:
       types = aval_text(_aval(r.dtype, r.shape))
-      src, dst = f'f{i}_r{r.index}', f'b{i}_r{r.index}'
+      src, dst = f'f_outside_r{r.index}', f'b_outside_r{r.index}'
       if r.kind == 'equation':
         group, titles = _outside_group(r)
         self._add(GraphNode(src, i, 'forward', 'eqn', r.primitive or 'equation', types,
                             flops=r.producer_flops or 0, name=r.name, site=r.site,
                             module_path=r.module_path, group=group, group_titles=titles))
-        role = 'residual'
       else:
-        forward_role = 'argument' if r.kind == 'argument' else 'const'
-        self._add(GraphNode(src, i, 'forward', 'input', r.argument or r.kind, types,
-                            role=forward_role, module_path=r.module_path))
-        role = 'saved argument' if r.kind == 'argument' else 'const'
-      self._add(GraphNode(dst, i, 'backward', 'input', _ROLE_TITLES[role], types,
-                          role=role))
+        self._add(GraphNode(src, i, 'forward', 'input', r.kind, types, role='const'))
+      self._add(GraphNode(dst, i, 'backward', 'input', 'residual', types, role='residual'))
       local_aval = None
       if r.per_device_shape is not None:
         local_aval = aval_text(_aval(r.dtype, r.per_device_shape))
@@ -391,8 +394,7 @@ class _Builder:
 
 
 _ROLE_TITLES = {'input': 'input', 'residual': 'residual', 'saved': 'saved input',
-                'tangent': 'tangent', 'const': 'constant', 'argument': 'argument',
-                'saved argument': 'saved argument'}
+                'tangent': 'tangent', 'const': 'constant'}
 
 OUTSIDE_BLOCKS = 'outside remat blocks'
 """The name of the ``GraphBlock`` that holds the residuals saved outside

@@ -22,9 +22,8 @@ from remat_explorer.viz.diagram._graph import Diagram, Edge, Node, Section
 from remat_explorer.viz.text import format_bytes, format_flops
 
 _GATHERED = {'input': 'block inputs', 'const': 'constants', 'tangent': 'cotangents in',
-             'saved': 'saved inputs', 'output': 'outputs', 'tangent out': 'gradients out',
-             'argument': 'arguments', 'saved argument': 'saved arguments'}
-_INPUT_ROLES = ('input', 'const', 'tangent', 'saved', 'argument', 'saved argument')
+             'saved': 'saved inputs', 'output': 'outputs', 'tangent out': 'gradients out'}
+_INPUT_ROLES = ('input', 'const', 'tangent', 'saved')
 
 
 ALL = 'all'
@@ -53,7 +52,8 @@ def _drawn(graph: SplitGraph, expand) -> tuple[Diagram, '_Drawer']:
   drawer = _Drawer(graph, expand)
   for block in graph.blocks:
     for side, top in (('forward', diagram.forward[0]), ('backward', diagram.backward[0])):
-      section = Section(f'{side[0]}{block.index}', _block_title(block, side))
+      section = Section(f'{side[0]}_outside' if block.outside else f'{side[0]}{block.index}',
+                        _block_title(block, side))
       top.children.append(section)
       members = [n for n in drawer.top_level[block.index, side]]
       drawer.place(section, members, depth=0)
@@ -232,9 +232,11 @@ def _where(nodes: list[GraphNode]) -> list[str]:
 
 def _block_title(block: GraphBlock, side: str) -> str:
   if block.outside:
-    saved = format_bytes(block.residual_bytes)
-    return (f'{block.name} · saves {saved}' if side == 'forward'
-            else f'{block.name} · reads {saved} saved by the forward pass')
+    count, size = block.arguments
+    arguments = (f' · the backward pass also reads {count} argument{"s" * (count != 1)} '
+                 f'({format_bytes(size)})' if count else '')
+    return (f'{block.name} · saves {format_bytes(block.residual_bytes)}{arguments}'
+            if side == 'forward' else f'{block.name} · reads what the forward pass saved')
   runs = f' · runs ×{block.trip_count}' if (block.trip_count or 1) > 1 else ''
   where = ' / '.join(block.path)
   head = (block.name + (f' ({block.module_path})' if block.module_path else '')

@@ -37,7 +37,6 @@ RECOMPUTED_FILL = '#ffc966'
 NAMED_FILL = '#c7e9c0'
 FILLS = {'input': '#eeeeee', 'residual': '#fde0dd', 'saved': '#fde0dd',
          'tangent': '#deebf7', 'const': '#eeeeee', 'output': '#eeeeee',
-         'argument': '#eeeeee', 'saved argument': '#fde0dd',
          'eqn': '#ffffff', 'sub': '#e5e0f5', 'group': '#e8f1fb', 'folded': '#ffffff',
          'elided': '#ffffff'}
 SHAPES = {'input': 'oval', 'output': 'oval', 'eqn': 'box', 'sub': 'box3d',
