@@ -411,3 +411,87 @@ def test_the_examples_top_groups_are_their_own_functions():
     assert tops and all(callable(getattr(examples, t, None)) for t in tops), tops
   graph = split_graph_of(report)
   assert any(n.group[-1:] == ('softmax',) and len(n.group) > 1 for n in graph.nodes)
+
+
+def _unit_rms(x):
+  return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
+
+
+def _parameterless_norm_model(framework):
+  """A checkpointed block of a norm without parameters (the user's own
+  ``RMSNorm`` class) between two linear layers, as each framework writes
+  it."""
+  x = _normal(5, (4, 8))
+  if framework == 'linen':
+    from flax import linen as nn
+
+    class RMSNorm(nn.Module):
+      def __call__(self, x):
+        return _unit_rms(x)
+
+    class Block(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        return nn.Dense(8, name='proj_out')(RMSNorm(name='norm')(nn.Dense(8, name='proj_in')(x)))
+
+    class Model(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        return nn.remat(Block)(name='block')(x)
+    model = Model()
+    params = model.init(jax.random.key(0), x)['params']
+    return lambda p, x: jnp.sum(model.apply({'params': p}, x) ** 2), (params, x)
+  if framework == 'nnx':
+    from flax import nnx
+
+    class RMSNorm(nnx.Module):
+      def __call__(self, x):
+        return _unit_rms(x)
+
+    class Block(nnx.Module):
+      def __init__(self, rngs):
+        self.proj_in, self.norm = nnx.Linear(8, 8, rngs=rngs), RMSNorm()
+        self.proj_out = nnx.Linear(8, 8, rngs=rngs)
+
+      def __call__(self, x):
+        return self.proj_out(self.norm(self.proj_in(x)))
+    graphdef, state = nnx.split(Block(nnx.Rngs(0)))
+    run = nnx.remat(lambda block, x: block(x))
+    return (lambda s, x: jnp.sum(run(nnx.merge(graphdef, s), x) ** 2)), (state, x)
+  import equinox as eqx
+
+  class RMSNorm(eqx.Module):
+    def __call__(self, x):
+      return _unit_rms(x)
+
+  class Block(eqx.Module):
+    proj_in: eqx.nn.Linear
+    norm: RMSNorm
+    proj_out: eqx.nn.Linear
+
+    def __call__(self, x):
+      return jax.vmap(self.proj_out)(self.norm(jax.vmap(self.proj_in)(x)))
+  block = Block(eqx.nn.Linear(8, 8, key=jax.random.key(0)), RMSNorm(),
+                eqx.nn.Linear(8, 8, key=jax.random.key(1)))
+  run = eqx.filter_checkpoint(lambda block, x: block(x))
+  return (lambda b, x: jnp.sum(run(b, x) ** 2)), (block, x)
+
+
+@pytest.mark.parametrize('framework', ['linen', 'nnx', 'equinox'])
+def test_a_module_without_parameters_is_one_group(framework):
+  loss_fn, args = _parameterless_norm_model(framework)
+  report = analyze(loss_fn, *args)
+  closed = split_diagram(report)
+  graph = split_graph_of(report)
+  for side in ('f0', 'b0'):
+    (section,) = [s for s in closed.sections() if s.id == side]
+    groups = {n.lines[0]: n for n in section.nodes.values() if n.kind == 'group'}
+    # The norm by its class (no parameters name its path), the linear
+    # layers by their module paths.
+    prefix = report.blocks[0].module_path + '/' if report.blocks[0].module_path else ''
+    assert set(groups) == {'RMSNorm', f'{prefix}proj_in', f'{prefix}proj_out'}, groups
+    norm = [n for n in graph.nodes if n.side == {'f0': 'forward', 'b0': 'backward'}[side]
+            and n.group[:1] == ('RMSNorm',)]
+    assert groups['RMSNorm'].equations == sum(n.equations for n in norm)
+  # Every rsqrt of the norm is inside its group: none drawn at the top.
+  assert all(n.group for n in graph.nodes if n.label == 'rsqrt')

@@ -300,8 +300,11 @@ def _common_path(paths: Iterable[str]) -> str:
 
 
 def _is_method(function: str) -> bool:
-  """``Attention.__call__`` is; ``scan.<locals>.body`` and ``f`` are not."""
-  return '.' in function and '<' not in function
+  """``Attention.__call__`` is, and so is a class's defined in a function
+  (``build.<locals>.Attention.__call__``); ``scan.<locals>.body``,
+  ``f.<locals>.<lambda>`` and ``f`` are not."""
+  own = function.rsplit('<locals>.', 1)[-1]
+  return '.' in own and '<' not in own
 
 
 @functools.lru_cache(maxsize=4096)
@@ -390,10 +393,11 @@ class ModulePaths:
 
   def method_paths(self, frames: Sequence[Frame]) -> dict[int, str]:
     """For the frames of a call stack (outermost first), the module path of
-    each method call among them whose parameters name one, by frame index:
-    which of the user's calls are modules, and which modules they are."""
-    return {i: path for i, call in _indexed_calls(frames)
-            if (path := self._path_of_call.get(call))}
+    each method call among them that reads parameters, by frame index
+    ('' for the model's root): which of the user's calls are modules, and
+    which modules they are."""
+    return {i: self._path_of_call[call] for i, call in _indexed_calls(frames)
+            if call in self._path_of_call}
 
 
 def _sub_programs(eqn) -> list[tuple]:

@@ -83,6 +83,9 @@ class GraphNode:
   group_titles: tuple[str, ...] = ()
   """How each level of `group` is shown: a module by its full module path
   (``blocks/attention/query``), a function by its name."""
+  group_classes: tuple[str, ...] = ()
+  """For each level of `group` that is a module, its class where the call
+  stack shows it (``Attention``, ``Linear``); '' for other levels."""
   parent: str | None = None
   """The call node it is inside, if any."""
   elementwise: bool = False
@@ -479,7 +482,7 @@ class _Grouping:
 
   def of(self, eqn, context) -> tuple[str, tuple]:
     """(module path, raw group): the group's parts are ``('module', name,
-    path)``, ``('call', function, line it was called from)`` or
+    path, class)``, ``('call', function, line it was called from)`` or
     ``('library', function)``, made ids and titles by ``names``."""
     module_path = '' if self.paths is None else self.paths.of(eqn)
     if not module_path and context is not None and self.paths is not None:
@@ -488,13 +491,16 @@ class _Grouping:
     if context is not None:
       frames = frames_in_call(frames_of(context.source_info.traceback), frames)
     if self.by_module:
+      modules = self.paths.method_paths(frames)
+      classes = {path: display_name(frames[i][2]) for i, path in sorted(modules.items())
+                 if frames[i][2].endswith('.__call__')}
       parts = [p for p in module_path.split('/') if p]
       inside = parts[:len(self.block_path)] == self.block_path
       depth = len(self.block_path)
-      group = tuple(('module', p, '/'.join(parts[:depth + k + 1]))
-                    for k, p in enumerate(parts[depth:])) if inside else ()
+      paths = ['/'.join(parts[:depth + k + 1]) for k in range(len(parts) - depth)]
+      group = tuple(('module', p, path, classes.get(path, ''))
+                    for p, path in zip(parts[depth:], paths)) if inside else ()
       # The user's calls below the innermost module call.
-      modules = self.paths.method_paths(frames)
       group += self._calls(frames, below=max(modules, default=-1))
       if not group:
         group = _library_module(frames, below=max(modules, default=-1))
@@ -527,13 +533,14 @@ class _Grouping:
     """The group's ids and titles (``GraphNode.group``, ``group_titles``): a
     function called from several lines of the block gets the line it was
     called from."""
-    ids, titles = [], []
+    ids, titles, classes = [], [], []
     for kind, name, *where in group:
       if kind == 'call' and len(self._sites.get(name, ())) > 1:
         name = f'{name} @{where[0]}'
       ids.append(name)
       titles.append(where[0] if kind == 'module' else name)
-    return dict(group=tuple(ids), group_titles=tuple(titles))
+      classes.append(where[1] if kind == 'module' else '')
+    return dict(group=tuple(ids), group_titles=tuple(titles), group_classes=tuple(classes))
 
 
 def _library_module(frames, below: int) -> tuple:

@@ -147,9 +147,11 @@ class _Drawer:
                    f'({format_bytes(sum(e.bytes for e in saved))})')
     if recomputed:
       lines.append(f'recomputes {recomputed} of {equations} eqns')
+    classes = {n.group_classes[depth] for n in nodes if len(n.group_classes) > depth} - {''}
+    details = [f'class {", ".join(sorted(classes))}'] if classes else []
     node = Node(gid, lines, 'group', recomputed=0 < equations == recomputed, flops=flops,
                 equations=equations, recomputed_equations=recomputed, opens=True,
-                names=names, details=_where(nodes))
+                names=names, details=details + _where(nodes))
     section.nodes[gid] = node
     for d in inside:
       self.shown[d.id] = gid
