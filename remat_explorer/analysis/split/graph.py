@@ -6,35 +6,44 @@ nothing from JAX: per equation its primitive, output types, FLOPs, whether
 the backward pass recomputes it, its ``checkpoint_name``, its line of the
 user's code and module path, and the group it belongs to in the user's
 terms (``group``: the module path below the block's, such as
-``('attention', 'query')``, or, for a program whose parameters name no
-modules, the user's functions the block calls, such as ``('_attention',)``).
-Residual edges carry the index of the block residual they are
+``('attention', 'query')``, shown as ``blocks/attention/query``, then the
+user's calls inside that module; or, for a program whose parameters name
+no modules, the user's functions the block calls, such as
+``('_attention',)``; see ``grouping.Grouping``). A ``checkpoint_name``, and the
+rounding the split puts on a residual, compute nothing: they are drawn as
+part of the node that made the value, which carries the name. Residual
+edges carry the index of the block residual they are
 (``BlockReport.residuals``), its bytes, name and per-device shard.
 
 Calls inside a block (``jit``, custom derivatives, nested blocks) are one
 node with their equations as nodes of their own (``parent``), so a diagram
 can open them. Blocks whose splits are alike (the layers of an unrolled
-model) are drawn once (``GraphBlock.alike``).
+model) are drawn once (``GraphBlock.alike``). The values the program saves
+outside every block (an un-checkpointed head's output) make one more
+``GraphBlock`` (``outside``): a node per value and its producer, grouped
+by module path or the user's function, and a residual edge each.
 
 Node ids are stable: ``f<i>_e<j>`` / ``b<i>_e<j>`` is equation ``j`` of the
 ``i``-th drawn block's forward / backward jaxpr, ``..._i<k>`` an input,
 ``..._o<k>`` an output, and ``<id>_j<k>_e<j>`` an equation inside the
-``k``-th jaxpr of a call.
+``k``-th jaxpr of a call; ``f_outside_r<k>`` / ``b_outside_r<k>`` the
+producer and the saved value of ``RematReport.residuals[k]`` outside the
+blocks.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
 from jax.extend.core import Literal, jaxprs_in_params
 
 from remat_explorer.analysis.split import flops as flop_count
-from remat_explorer.analysis.source.origins import (CodeSite, display_name, frames_in_call,
-                                             frames_of, is_library_file,
-                                             user_site, user_site_within)
+from remat_explorer.analysis.source.origins import CodeSite, user_site, user_site_within
+from remat_explorer.analysis.split.block_split import block_split
+from remat_explorer.analysis.split.grouping import Grouping, outside_group
 from remat_explorer.analysis.split.report import BlockReport, RematReport, aval_text
 from remat_explorer.engine import name_of_named_value
 
@@ -79,7 +88,7 @@ class GraphNode:
   module_path: str = ''
   group: tuple[str, ...] = ()
   """Where it sits in the user's model or code, below the block: what a
-  diagram groups by (see the module)."""
+  diagram groups by (see ``grouping.Grouping``)."""
   group_titles: tuple[str, ...] = ()
   """How each level of `group` is shown: a module by its full module path
   (``blocks/attention/query``), a function by its name."""
@@ -231,7 +240,7 @@ class _Builder:
         block.trip_count, block.policy, block.residual_bytes,
         block.recompute_flops, len(block.recomputed),
         tuple(b.name for b in same) if len(same) > 1 else ()))
-    grouping = _Grouping(block, self.module_paths)
+    grouping = Grouping(block, self.module_paths)
     first_node = len(self.nodes)
     known, staged = block.known_jaxpr, block.staged_jaxpr
     f_in, f_out = self._jaxpr(i, 'forward', f'f{i}', known, ['input'] * len(known.invars),
@@ -264,7 +273,7 @@ class _Builder:
       types = aval_text(_aval(r.dtype, r.shape))
       src, dst = f'f_outside_r{r.index}', f'b_outside_r{r.index}'
       if r.kind == 'equation':
-        group, titles = _outside_group(r)
+        group, titles = outside_group(r)
         self._add(GraphNode(src, i, 'forward', 'eqn', r.primitive or 'equation', types,
                             flops=r.producer_flops or 0, name=r.name, site=r.site,
                             module_path=r.module_path, group=group, group_titles=titles))
@@ -430,18 +439,6 @@ def _aval(dtype: str, shape) -> jax.core.ShapedArray:
   return jax.core.ShapedArray(tuple(shape), jnp.dtype(dtype))
 
 
-def _outside_group(r) -> tuple[tuple[str, ...], tuple[str, ...]]:
-  """The group of a residual saved outside blocks: its module path, else
-  the user's function that computed it."""
-  parts = [p for p in r.module_path.split('/') if p]
-  if parts:
-    return tuple(parts), tuple('/'.join(parts[:k + 1]) for k in range(len(parts)))
-  if r.site is not None:
-    name = display_name(r.site.function)
-    return (name,), (name,)
-  return (), ()
-
-
 def _call_title(eqn) -> str:
   prim, params = eqn.primitive.name, eqn.params
   if prim == 'scan':
@@ -454,167 +451,3 @@ def _call_title(eqn) -> str:
 
 def _count(jaxpr) -> int:
   return sum(1 + sum(_count(s) for s in jaxprs_in_params(e.params)) for e in jaxpr.eqns)
-
-
-class _Grouping:
-  """Where an equation sits in the user's terms, below its block.
-
-  Where the program's parameters name modules, by module: its module path
-  relative to the block's (``('attention', 'query')``, shown as the full
-  path ``blocks/attention/query``); below the innermost module, the user's
-  own calls it runs in (a module without parameters, by its class; a
-  helper function, by its name). Else by the user's functions the block
-  calls on the way to it (the same function called from two lines is two
-  groups, ``_layer_norm @158`` and ``_layer_norm @161``). Inside either,
-  the equations a library function made (``gelu``, ``softmax``) are
-  grouped by that function; those the block's own code makes directly stay
-  at its top, never a box of their own."""
-
-  def __init__(self, block: BlockReport, module_paths):
-    self.block_path = [p for p in block.module_path.split('/') if p]
-    self.entry = block.function
-    self.paths = module_paths
-    # Group by module where the block's equations are in modules below its own.
-    self.by_module = module_paths is not None and any(
-        len([p for p in module_paths.of(e).split('/') if p]) > len(self.block_path)
-        for jaxpr in (block.known_jaxpr, block.staged_jaxpr) for e in jaxpr.eqns)
-    self._sites: dict[str, set[int]] = {}
-
-  def of(self, eqn, context) -> tuple[str, tuple]:
-    """(module path, raw group): the group's parts are ``('module', name,
-    path, class)``, ``('call', function, line it was called from)`` or
-    ``('library', function)``, made ids and titles by ``names``."""
-    module_path = '' if self.paths is None else self.paths.of(eqn)
-    if not module_path and context is not None and self.paths is not None:
-      module_path = self.paths.of(context)
-    frames = frames_of(eqn.source_info.traceback)
-    if context is not None:
-      frames = frames_in_call(frames_of(context.source_info.traceback), frames)
-    if self.by_module:
-      modules = self.paths.method_paths(frames)
-      classes = {path: display_name(frames[i][2]) for i, path in sorted(modules.items())
-                 if frames[i][2].endswith('.__call__')}
-      parts = [p for p in module_path.split('/') if p]
-      inside = parts[:len(self.block_path)] == self.block_path
-      depth = len(self.block_path)
-      paths = ['/'.join(parts[:depth + k + 1]) for k in range(len(parts) - depth)]
-      group = tuple(('module', p, path, classes.get(path, ''))
-                    for p, path in zip(parts[depth:], paths)) if inside else ()
-      # The user's calls below the innermost module call.
-      group += self._calls(frames, below=max(modules, default=-1))
-      if not group:
-        group = _library_module(frames, below=max(modules, default=-1))
-    else:
-      group = self._calls(frames, below=-1)
-    library = _library_function(eqn, context)
-    if library and group and group[-1][1] != library:
-      group = (*group, ('library', library))
-    return module_path, group
-
-  def _calls(self, frames, below: int) -> tuple:
-    """The user's function calls after the block's entry and after frame
-    index `below`, as ``('call', name, line called from)``; lambdas and
-    comprehensions are part of the function around them."""
-    users = [(i, f) for i, f in enumerate(frames) if not is_library_file(f[0])]
-    names = [display_name(f[2]) for _, f in users]
-    start = names.index(self.entry) + 1 if self.entry in names else 0
-    parts = []
-    for k in range(start, len(users)):
-      i, frame = users[k]
-      name = names[k]
-      if i <= below or name.startswith('<'):
-        continue
-      line = users[k - 1][1][1] if k > 0 else 0
-      self._sites.setdefault(name, set()).add(line)
-      parts.append(('call', name, line))
-    return tuple(parts)
-
-  def names(self, group: tuple) -> dict[str, tuple[str, ...]]:
-    """The group's ids and titles (``GraphNode.group``, ``group_titles``): a
-    function called from several lines of the block gets the line it was
-    called from."""
-    ids, titles, classes = [], [], []
-    for kind, name, *where in group:
-      if kind == 'call' and len(self._sites.get(name, ())) > 1:
-        name = f'{name} @{where[0]}'
-      ids.append(name)
-      titles.append(where[0] if kind == 'module' else name)
-      classes.append(where[1] if kind == 'module' else '')
-    return dict(group=tuple(ids), group_titles=tuple(titles), group_classes=tuple(classes))
-
-
-def _library_module(frames, below: int) -> tuple:
-  """A library's module without parameters that the user's code called
-  (``nnx.RMSNorm(use_scale=False)``), as a group by its class: the frame
-  after the user's last one is its ``__call__``."""
-  users = [i for i, f in enumerate(frames) if not is_library_file(f[0])]
-  if not users or users[-1] + 1 >= len(frames) or users[-1] + 1 <= below:
-    return ()
-  function = frames[users[-1] + 1][2]
-  if not function.endswith('.__call__') or '<' in function or function.startswith('_'):
-    return ()
-  return (('call', display_name(function), frames[users[-1]][1]),)
-
-
-def _library_function(eqn, context) -> str | None:
-  """The library function (``gelu``, ``softmax``) the user's code called
-  to make `eqn`, when it is a public one; operators and JAX's internals
-  are not."""
-  for source in (eqn, context):
-    if source is None:
-      continue
-    frames = frames_of(source.source_info.traceback)
-    users = [i for i, f in enumerate(frames) if not is_library_file(f[0])]
-    if not users or users[-1] + 1 >= len(frames):
-      continue
-    function = frames[users[-1] + 1][2]
-    # A module's method (Linear.__call__) is already its module's group;
-    # private helpers and operators say nothing to the user.
-    if '.' in function or '<' in function or function.startswith('_') or function == 'bind':
-      return None
-    return function
-  return None
-
-
-@dataclass(frozen=True)
-class BlockSplit:
-  """The values crossing one block's split, as positions in its jaxprs."""
-  num_residuals: int
-  num_known_outputs: int
-  saved_inputs: tuple[tuple[int | None, int], ...]
-  """For each known input the backward pass reads: (index in the known
-  jaxpr's invars, or None where the forward pass does not read it; index in
-  the staged jaxpr's invars)."""
-  tangent_inputs: tuple[int, ...]
-  """Indices of the staged jaxpr's invars that are (co)tangents."""
-  recomputed: frozenset[int] = field(default_factory=frozenset)
-  """Indices of staged equations that recompute forward values."""
-
-
-def block_split(block: BlockReport) -> BlockSplit:
-  """Where `block`'s residuals, saved inputs and tangents sit in its jaxprs.
-
-  The layout (``engine/split.py``): the known jaxpr reads the known block
-  inputs it uses, in block order, and its outputs are the block's known
-  outputs, then the residuals; the staged jaxpr's inputs are the same
-  residuals, then the block inputs it reads, in block order (known ones are
-  primals saved as they are, unknown ones are (co)tangents)."""
-  num_res = block.num_residuals
-  saved, tangents = [], []
-  known_position = staged_position = 0
-  known_used = iter(block.known_inputs_used)
-  for unknown, staged_reads in zip(block.in_unknowns, block.staged_inputs_used):
-    in_known = False if unknown else next(known_used)
-    if staged_reads:
-      staged_index = num_res + staged_position
-      staged_position += 1
-      if unknown:
-        tangents.append(staged_index)
-      else:
-        saved.append((known_position if in_known else None, staged_index))
-    known_position += in_known
-  return BlockSplit(
-      num_residuals=num_res,
-      num_known_outputs=len(block.known_jaxpr.outvars) - num_res,
-      saved_inputs=tuple(saved), tangent_inputs=tuple(tangents),
-      recomputed=frozenset(e.index for e in block.recomputed if e.index is not None))

@@ -10,7 +10,10 @@ primitives at the bottom. Calls (``jit``, custom derivatives, nested
 blocks) open the same way. The values the forward pass computes and saves are
 drawn one node each on the backward side, with the residual edges that carry
 them; the block inputs saved as they are, and other inputs and outputs, are
-gathered per kind.
+gathered per kind. Groups are titled as the graph says (a module by its
+full module path) and keep their ids short (``f0/attention/query``). The
+values saved outside every block are drawn in their own cluster
+(``f_outside`` / ``b_outside``) the same way.
 """
 
 from __future__ import annotations
