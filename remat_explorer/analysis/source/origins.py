@@ -308,7 +308,7 @@ def _is_method(function: str) -> bool:
 
 
 @functools.lru_cache(maxsize=4096)
-def _is_jax_file(path: str) -> bool:
+def is_jax_file(path: str) -> bool:
   real = os.path.realpath(path)
   return any(real.startswith(root) for root in _package_roots(('jax', 'jaxlib')))
 
@@ -325,7 +325,7 @@ def _indexed_calls(frames: Sequence[Frame]) -> list[tuple[int, tuple]]:
   """``_calls``, each with the index of its method's frame in `frames`."""
   found, sites = [], []
   for i, (file, line, function) in enumerate(frames):
-    if _is_jax_file(file):
+    if is_jax_file(file):
       continue
     if _is_method(function):
       found.append((i, (*sites, (file, function))))
@@ -442,4 +442,4 @@ def call_body(eqn, custom: bool = True):
 
 
 # Per program (tracebacks) or per working directory (relative paths).
-cleared_with_results(_frames, _relative_path, is_library_file, _is_jax_file)
+cleared_with_results(_frames, _relative_path, is_library_file, is_jax_file)

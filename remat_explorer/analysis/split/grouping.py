@@ -7,7 +7,7 @@ made it (``gelu``, ``softmax``), only ever inside one of the user's.
 from __future__ import annotations
 
 from remat_explorer.analysis.source.origins import (display_name, frames_in_call, frames_of,
-                                             is_library_file)
+                                             is_jax_file, is_library_file)
 from remat_explorer.analysis.split.report import BlockReport
 
 
@@ -105,8 +105,10 @@ def _library_module(frames, below: int) -> tuple:
   users = [i for i, f in enumerate(frames) if not is_library_file(f[0])]
   if not users or users[-1] + 1 >= len(frames) or users[-1] + 1 <= below:
     return ()
-  function = frames[users[-1] + 1][2]
-  if not function.endswith('.__call__') or '<' in function or function.startswith('_'):
+  file, _, function = frames[users[-1] + 1]
+  # JAX's own callables (``jnp.maximum`` is a ``ufunc``) are not modules.
+  if (not function.endswith('.__call__') or '<' in function or function.startswith('_')
+      or is_jax_file(file)):
     return ()
   return (('call', display_name(function), frames[users[-1]][1]),)
 
