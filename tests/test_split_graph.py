@@ -495,3 +495,31 @@ def test_a_module_without_parameters_is_one_group(framework):
     assert groups['RMSNorm'].equations == sum(n.equations for n in norm)
   # Every rsqrt of the norm is inside its group: none drawn at the top.
   assert all(n.group for n in graph.nodes if n.label == 'rsqrt')
+
+
+def test_named_scopes_are_groups_where_no_parameters_name_modules():
+  def layer(x, w1, w2):
+    with jax.named_scope('mlp'):
+      with jax.named_scope('up'):
+        h = jnp.tanh(x @ w1)
+      h = jnp.einsum('bd,de->be', h, w2)
+    with jax.named_scope('norm'):
+      h = h * jax.lax.rsqrt(jnp.mean(h * h, -1, keepdims=True))
+    return h + x
+
+  def loss_fn(ws, x):
+    for w1, w2 in ws:
+      x = rx.checkpoint(layer)(x, w1, w2)
+    return jnp.sum(x)
+  ws = [(_normal(2 * i, (8, 8)), _normal(2 * i + 1, (8, 8))) for i in range(2)]
+  report = analyze(loss_fn, ws, _normal(9, (4, 8)))
+  opened = split_diagram(report, expand='all')
+  for side in ('f0', 'b0'):
+    (top,) = [s for s in opened.sections() if s.id == side]
+    titles = [s.title for s in top.walk() if s is not top]
+    # Each scope once, by its path; an einsum's own scope is no group.
+    assert sorted(t for t in titles if t in ('mlp', 'mlp/up', 'norm')) == ['mlp', 'mlp/up',
+                                                                           'norm'], titles
+    assert not any('->' in t for t in titles)
+  graph = split_graph_of(report)
+  assert all(n.group[:1] == ('norm',) for n in graph.nodes if n.label == 'rsqrt')

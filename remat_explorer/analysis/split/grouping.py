@@ -6,8 +6,11 @@ made it (``gelu``, ``softmax``), only ever inside one of the user's.
 
 from __future__ import annotations
 
-from remat_explorer.analysis.source.origins import (display_name, frames_in_call, frames_of,
-                                             is_jax_file, is_library_file)
+import re
+
+from remat_explorer.analysis.source.origins import (clean_scope, display_name, frames_in_call,
+                                             frames_of, is_jax_file, is_library_file,
+                                             join_scopes)
 from remat_explorer.analysis.split.report import BlockReport
 
 
@@ -18,9 +21,11 @@ class Grouping:
   relative to the block's (``('attention', 'query')``, shown as the full
   path ``blocks/attention/query``); below the innermost module, the user's
   own calls it runs in (a module without parameters, by its class; a
-  helper function, by its name). Else by the user's functions the block
-  calls on the way to it (the same function called from two lines is two
-  groups, ``_layer_norm @158`` and ``_layer_norm @161``). Inside either,
+  helper function, by its name). Else, where the block's code names its
+  parts with ``jax.named_scope``, by those scopes (``mlp/up``), and the
+  equations outside every scope by function; else by the user's functions
+  the block calls on the way to it (the same function called from two
+  lines is two groups, ``_layer_norm @158`` and ``_layer_norm @161``). Inside either,
   the equations a library function made (``gelu``, ``softmax``) are
   grouped by that function; those the block's own code makes directly stay
   at its top, never a box of their own."""
@@ -33,6 +38,9 @@ class Grouping:
     self.by_module = module_paths is not None and any(
         len([p for p in module_paths.of(e).split('/') if p]) > len(self.block_path)
         for jaxpr in (block.known_jaxpr, block.staged_jaxpr) for e in jaxpr.eqns)
+    self.by_scope = not self.by_module and any(
+        _named_scopes(e, None) for jaxpr in (block.known_jaxpr, block.staged_jaxpr)
+        for e in jaxpr.eqns)
     self._sites: dict[str, set[int]] = {}
 
   def of(self, eqn, context) -> tuple[str, tuple]:
@@ -59,6 +67,9 @@ class Grouping:
       group += self._calls(frames, below=max(modules, default=-1))
       if not group:
         group = _library_module(frames, below=max(modules, default=-1))
+    elif self.by_scope and (scopes := _named_scopes(eqn, context)):
+      group = tuple(('module', p, '/'.join(scopes[:k + 1]), '')
+                    for k, p in enumerate(scopes))
     else:
       group = self._calls(frames, below=-1)
     library = _library_function(eqn, context)
@@ -96,6 +107,20 @@ class Grouping:
       titles.append(where[0] if kind == 'module' else name)
       classes.append(where[1] if kind == 'module' else '')
     return dict(group=tuple(ids), group_titles=tuple(titles), group_classes=tuple(classes))
+
+
+# A scope the user named: not an einsum's (``bd,de->be``), nor a library's
+# (Equinox names its modules' scopes ``eqx.nn.Linear``).
+_USER_SCOPE = re.compile(r'[A-Za-z_][\w-]*')
+
+
+def _named_scopes(eqn, context) -> list[str]:
+  """The ``jax.named_scope`` names `eqn` runs in, outermost first, inside
+  its block (within a call, the call's own scopes first)."""
+  scope = clean_scope(eqn.source_info.name_stack)
+  if context is not None:
+    scope = join_scopes(clean_scope(context.source_info.name_stack), scope)
+  return [p for p in scope.split('/') if _USER_SCOPE.fullmatch(p)]
 
 
 def _library_module(frames, below: int) -> tuple:
