@@ -299,7 +299,7 @@ def _common_path(paths: Iterable[str]) -> str:
   return '/'.join(common)
 
 
-def _is_method(function: str) -> bool:
+def is_method(function: str) -> bool:
   """``Attention.__call__`` is, and so is a class's defined in a function
   (``build.<locals>.Attention.__call__``); ``scan.<locals>.body``,
   ``f.<locals>.<lambda>`` and ``f`` are not."""
@@ -327,7 +327,7 @@ def _indexed_calls(frames: Sequence[Frame]) -> list[tuple[int, tuple]]:
   for i, (file, line, function) in enumerate(frames):
     if is_jax_file(file):
       continue
-    if _is_method(function):
+    if is_method(function):
       found.append((i, (*sites, (file, function))))
     sites.append((file, line))
   return found

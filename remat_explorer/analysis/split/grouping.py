@@ -10,7 +10,7 @@ import re
 
 from remat_explorer.analysis.source.origins import (clean_scope, display_name, frames_in_call,
                                              frames_of, is_jax_file, is_library_file,
-                                             join_scopes)
+                                             is_method, join_scopes)
 from remat_explorer.analysis.split.report import BlockReport
 
 
@@ -58,13 +58,20 @@ class Grouping:
       classes = {path: display_name(frames[i][2]) for i, path in sorted(modules.items())
                  if frames[i][2].endswith('.__call__')}
       parts = [p for p in module_path.split('/') if p]
+      # Flax Linen names every module's scope, those without parameters
+      # too: where the scope goes deeper than the parameters tell, it is the
+      # module path, and the user's methods below are those modules.
+      scopes = _named_scopes(eqn, context)
+      named_deeper = len(scopes) > len(parts) and scopes[:len(parts)] == parts
+      if named_deeper:
+        parts, module_path = scopes, '/'.join(scopes)
       inside = parts[:len(self.block_path)] == self.block_path
       depth = len(self.block_path)
       paths = ['/'.join(parts[:depth + k + 1]) for k in range(len(parts) - depth)]
       group = tuple(('module', p, path, classes.get(path, ''))
                     for p, path in zip(parts[depth:], paths)) if inside else ()
       # The user's calls below the innermost module call.
-      group += self._calls(frames, below=max(modules, default=-1))
+      group += self._calls(frames, below=max(modules, default=-1), methods=not named_deeper)
       if not group:
         group = _library_module(frames, below=max(modules, default=-1))
     elif self.by_scope and (scopes := _named_scopes(eqn, context)):
@@ -77,10 +84,11 @@ class Grouping:
       group = (*group, ('library', library))
     return module_path, group
 
-  def _calls(self, frames, below: int) -> tuple:
+  def _calls(self, frames, below: int, methods: bool = True) -> tuple:
     """The user's function calls after the block's entry and after frame
-    index `below`, as ``('call', name, line called from)``; lambdas and
-    comprehensions are part of the function around them."""
+    index `below` (with `methods` False, not modules' methods), as
+    ``('call', name, line called from)``; lambdas and comprehensions are
+    part of the function around them."""
     users = [(i, f) for i, f in enumerate(frames) if not is_library_file(f[0])]
     names = [display_name(f[2]) for _, f in users]
     start = names.index(self.entry) + 1 if self.entry in names else 0
@@ -88,7 +96,7 @@ class Grouping:
     for k in range(start, len(users)):
       i, frame = users[k]
       name = names[k]
-      if i <= below or name.startswith('<'):
+      if i <= below or name.startswith('<') or (not methods and is_method(frame[2])):
         continue
       line = users[k - 1][1][1] if k > 0 else 0
       self._sites.setdefault(name, set()).add(line)
