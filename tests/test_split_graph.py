@@ -88,7 +88,7 @@ def test_groups_are_the_users_modules_and_open_one_level_at_a_time():
   groups = {n.id: n for n in _drawn(closed) if n.kind == 'group'}
   assert {'f0/attention', 'f0/norm1', 'f0/norm2', 'f0/mlp_in', 'f0/mlp_out'} <= set(groups)
   attention = groups['f0/attention']
-  assert attention.lines[0] == 'attention' and attention.opens
+  assert attention.lines[0] == 'blocks/attention' and attention.opens  # its module path
   assert 'saves 1 residual' in attention.lines[-1]
   assert attention.names == ['attention_probs', 'query']  # named inside; query saved
   assert any('tests/framework_models.py' in d for d in attention.details)
@@ -104,7 +104,9 @@ def test_groups_are_the_users_modules_and_open_one_level_at_a_time():
   total = sum(n.equations for n in record)
   for diagram in (closed, opened, deeper, split_diagram(report, expand='all')):
     assert sum(n.equations for n in _drawn(diagram)) == total
-  assert closed.num_nodes() < 50
+  # Compact closed: the modules are boxes; the block's own code (its adds,
+  # the gelu it calls) and the values saved outside the blocks are nodes.
+  assert closed.num_nodes() < 70
 
 
 def _as_call(example):
@@ -137,7 +139,9 @@ def test_checkpoint_names_on_nodes_and_residual_edges():
   block, args = _named_block()
   report = analyze(rx.checkpoint(block, policy=cp.save_only_these_names('hidden')), *args)
   source = viz.split_graph(report, expand='all').source
-  assert re.search(r'name<br/><b>“hidden”</b>.*class="eqn named"', source)
+  # The name is drawn on the equation that made the value, not as a node.
+  assert re.search(r'label=<sin<br/><b>“hidden”</b>.*class="eqn named"', source)
+  assert not re.search(r'label=<name<br/>', source)
   (named_edge,) = [e for e in _residual_edges(source) if 'hidden' in e]
   (saved,) = [r for r in report.residuals if r.name == 'hidden']
   assert f'hidden · {format_bytes(saved.bytes)}' in named_edge
@@ -261,3 +265,264 @@ def test_expand_takes_one_id_as_a_string_and_refuses_unknown_ones():
                                        r"call of this split has; those that open here: "
                                        + re.escape(repr(openable[:20])[:-1])):
     split_diagram(report, expand='attention')
+
+
+# -- grouping on Flax Linen, Flax NNX and Equinox models -------------------------------
+
+def _model_module_paths(params) -> set[str]:
+  """Every module path of a model, read from its own parameters tree: each
+  array's path without its own name (and NNX's ``.value``), and every
+  prefix of it."""
+  found = set()
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+    if not isinstance(leaf, jax.Array):
+      continue
+    keys = [str(getattr(k, 'key', getattr(k, 'name', getattr(k, 'idx', '')))) for k in path]
+    if keys[-1] == 'value':
+      keys.pop()
+    keys.pop()
+    found.update('/'.join(keys[:n]) for n in range(1, len(keys) + 1))
+  return found
+
+
+@pytest.fixture(scope='module', params=['linen', 'nnx', 'equinox'])
+def framework_report(request):
+  from tests.framework_models import MODELS
+  loss_fn, args = MODELS[request.param](batch=2, seq=8)
+  return analyze(loss_fn, *args), _model_module_paths(args[0])
+
+
+def test_every_module_of_the_model_is_one_group_titled_by_its_module_path(framework_report):
+  report, paths = framework_report
+  (block,) = report.blocks
+  below = {p for p in paths if p.startswith(block.module_path + '/')}
+  assert len(below) >= 6  # norms, attention and its projections, the MLP
+  opened = split_diagram(report, expand='all')
+  for side in ('f0', 'b0'):
+    (top,) = [s for s in opened.sections() if s.id == side]
+    titles = [s.title for s in top.walk() if s is not top and '_body' not in s.id]
+    # Each module once, as its full path, whatever the framework.
+    assert sorted(t for t in titles if t in below) == sorted(below), side
+  # No equation of a module below the block is left out of its group: a
+  # norm is one box, not its primitives.
+  graph = split_graph_of(report)
+  for n in graph.nodes:
+    if n.block == 0 and n.kind in ('eqn', 'call') and n.module_path in below:
+      assert n.group_titles and n.module_path in n.group_titles, (n.id, n.label)
+  # Closed, the block shows its modules' boxes at the top, and no library
+  # function as a box of its own.
+  closed = split_diagram(report)
+  for side in ('f0', 'b0'):
+    (section,) = [s for s in closed.sections() if s.id == side]
+    tops = [n.lines[0] for n in section.nodes.values() if n.kind == 'group']
+    assert tops and set(tops) <= below, tops
+
+
+def test_checkpoint_names_are_drawn_on_the_values_they_name(framework_report):
+  report, _ = framework_report
+  graph = split_graph_of(report)
+  assert all(n.label != 'name' for n in graph.nodes if n.kind == 'eqn')
+  (block,) = report.blocks
+  names = {n for e in block.known_jaxpr.eqns
+           if e.primitive.name == 'name' for n in [e.params['name']]}
+  assert names
+  named = {n.name: n for n in graph.nodes if n.side == 'forward' and n.kind == 'eqn' and n.name}
+  assert names <= set(named)
+  for name in names:
+    # The node carries the name and stands for the naming equation too.
+    assert named[name].equations >= 2 and named[name].label not in ('name', 'reduce_precision')
+  source = viz.split_graph(report, expand='all').source
+  assert not re.search(r'label=<(name|reduce_precision)<br/>', source)
+
+
+def test_outside_the_blocks_groups_are_the_users_modules_and_functions(framework_report):
+  report, paths = framework_report
+  graph = split_graph_of(report)
+  (outside,) = [b for b in graph.blocks if b.outside]
+  producers = [n for n in graph.nodes if n.block == outside.index and n.kind == 'eqn']
+  assert producers
+  for n in producers:
+    # A module of the model, or the user's own function (the loss).
+    top = n.group_titles[0]
+    assert top in paths or (n.site is not None and n.site.function.endswith(top)), top
+
+
+def _head_outside_blocks():
+  """Two checkpointed layers and a head that is not: the head's matmul
+  output is saved (the backward pass of its square reads it)."""
+  def layer(x, w):
+    return jnp.tanh(x @ w)
+
+  def loss_fn(params, x):
+    for w in params['layers']:
+      x = rx.checkpoint(layer, policy=cp.nothing_saveable)(x, w)
+    logits = x @ params['head']
+    return jnp.sum(logits * logits)
+  params = {'layers': [_normal(1, (8, 8)), _normal(2, (8, 8))], 'head': _normal(3, (8, 24))}
+  return loss_fn, (params, _normal(4, (4, 8)))
+
+
+def test_residuals_saved_outside_the_blocks_are_drawn_with_their_bytes():
+  loss_fn, args = _head_outside_blocks()
+  report = analyze(loss_fn, *args)
+  (logits,) = [r for r in report.residuals if r.block is None and r.shape == (4, 24)]
+  assert logits.kind == 'equation' and logits.primitive == 'dot_general'
+  diagram = split_diagram(report)
+  residual_edges = [e for e in diagram.edges if e.kind == 'residual']
+  outside = [e for e in residual_edges if e.src.startswith('f_outside')]
+  (drawn,) = [e for e in outside if e.dst == f'b_outside_r{logits.index}']
+  assert drawn.bytes == logits.bytes == 4 * 24 * 4
+  # Every value computed outside the blocks and saved is drawn, once, with
+  # its bytes; the arguments the backward pass reads are counted in words.
+  computed = [r for r in report.residuals if r.block is None and r.kind != 'argument']
+  assert sum(e.count for e in outside) == len(computed)
+  assert sum(e.bytes for e in outside) == sum(r.bytes for r in computed)
+  arguments = [r for r in report.residuals if r.block is None and r.kind == 'argument']
+  (title,) = [s.title for s in diagram.sections() if s.id == 'f_outside']
+  assert f'reads {len(arguments)} argument' in title
+  # With the blocks' own (the two layers are alike: drawn once), the
+  # drawing accounts for every byte the analysis says is saved.
+  (block_drawn,) = [b for b in split_graph_of(report).blocks if not b.outside]
+  per_block = sum(e.bytes for e in residual_edges if e.src.startswith('f0'))
+  assert per_block == block_drawn.residual_bytes
+  assert per_block * len(block_drawn.alike) + sum(e.bytes for e in outside) == sum(
+      b.residual_bytes for b in report.blocks) + sum(r.bytes for r in computed)
+  # Its producer shows where it was computed; opened, the equation is there.
+  producer = split_diagram(report, expand='all')
+  node = next(n for s in producer.sections() for n in s.nodes.values()
+              if n.id == f'f_outside_r{logits.index}')
+  assert node.lines[0] == 'dot_general' and any('test_split_graph.py' in d
+                                                for d in node.details)
+  source = viz.split_graph(report).source
+  assert 'outside remat blocks' in source
+  assert re.search(rf'f_outside[^ ]* -> b_outside_r{logits.index} \[[^]]*'
+                   rf'{re.escape(format_bytes(logits.bytes))}', source)
+
+
+def test_the_examples_top_groups_are_their_own_functions():
+  report = analyze(*_as_call(examples.transformer(num_layers=1, d_model=16, seq_len=8,
+                                                  batch=2)))
+  closed = split_diagram(report)
+  for side in ('f0', 'b0'):
+    (section,) = [s for s in closed.sections() if s.id == side]
+    tops = [n.lines[0].split(' @')[0] for n in section.nodes.values() if n.kind == 'group']
+    # Functions of the example's own code; gelu, softmax and the like only
+    # inside them.
+    assert tops and all(callable(getattr(examples, t, None)) for t in tops), tops
+  graph = split_graph_of(report)
+  assert any(n.group[-1:] == ('softmax',) and len(n.group) > 1 for n in graph.nodes)
+
+
+def _unit_rms(x):
+  return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
+
+
+def _parameterless_norm_model(framework):
+  """A checkpointed block of a norm without parameters (the user's own
+  ``RMSNorm`` class) between two linear layers, as each framework writes
+  it."""
+  x = _normal(5, (4, 8))
+  if framework == 'linen':
+    from flax import linen as nn
+
+    class RMSNorm(nn.Module):
+      def __call__(self, x):
+        return _unit_rms(x)
+
+    class Block(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        return nn.Dense(8, name='proj_out')(RMSNorm(name='norm')(nn.Dense(8, name='proj_in')(x)))
+
+    class Model(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        return nn.remat(Block)(name='block')(x)
+    model = Model()
+    params = model.init(jax.random.key(0), x)['params']
+    return lambda p, x: jnp.sum(model.apply({'params': p}, x) ** 2), (params, x)
+  if framework == 'nnx':
+    from flax import nnx
+
+    class RMSNorm(nnx.Module):
+      def __call__(self, x):
+        return _unit_rms(x)
+
+    class Block(nnx.Module):
+      def __init__(self, rngs):
+        self.proj_in, self.norm = nnx.Linear(8, 8, rngs=rngs), RMSNorm()
+        self.proj_out = nnx.Linear(8, 8, rngs=rngs)
+
+      def __call__(self, x):
+        return self.proj_out(self.norm(self.proj_in(x)))
+    graphdef, state = nnx.split(Block(nnx.Rngs(0)))
+    run = nnx.remat(lambda block, x: block(x))
+    return (lambda s, x: jnp.sum(run(nnx.merge(graphdef, s), x) ** 2)), (state, x)
+  import equinox as eqx
+
+  class RMSNorm(eqx.Module):
+    def __call__(self, x):
+      return _unit_rms(x)
+
+  class Block(eqx.Module):
+    proj_in: eqx.nn.Linear
+    norm: RMSNorm
+    proj_out: eqx.nn.Linear
+
+    def __call__(self, x):
+      return jax.vmap(self.proj_out)(self.norm(jax.vmap(self.proj_in)(x)))
+  block = Block(eqx.nn.Linear(8, 8, key=jax.random.key(0)), RMSNorm(),
+                eqx.nn.Linear(8, 8, key=jax.random.key(1)))
+  run = eqx.filter_checkpoint(lambda block, x: block(x))
+  return (lambda b, x: jnp.sum(run(b, x) ** 2)), (block, x)
+
+
+@pytest.mark.parametrize('framework', ['linen', 'nnx', 'equinox'])
+def test_a_module_without_parameters_is_one_group(framework):
+  loss_fn, args = _parameterless_norm_model(framework)
+  report = analyze(loss_fn, *args)
+  closed = split_diagram(report)
+  graph = split_graph_of(report)
+  for side in ('f0', 'b0'):
+    (section,) = [s for s in closed.sections() if s.id == side]
+    groups = {n.lines[0]: n for n in section.nodes.values() if n.kind == 'group'}
+    # The linear layers by their module paths; the norm by its module path
+    # where the framework names it (Linen's scopes), else by its class (no
+    # parameters name its path).
+    prefix = report.blocks[0].module_path + '/' if report.blocks[0].module_path else ''
+    norm_title = f'{prefix}norm' if framework == 'linen' else 'RMSNorm'
+    assert set(groups) == {norm_title, f'{prefix}proj_in', f'{prefix}proj_out'}, groups
+    norm = [n for n in graph.nodes if n.side == {'f0': 'forward', 'b0': 'backward'}[side]
+            and n.group_titles[:1] == (norm_title,)]
+    assert groups[norm_title].equations == sum(n.equations for n in norm)
+  # Every rsqrt of the norm is inside its group (in the helper it calls):
+  # none drawn at the top.
+  assert all(n.group_titles[:1] == (norm_title,) for n in graph.nodes if n.label == 'rsqrt')
+
+
+def test_named_scopes_are_groups_where_no_parameters_name_modules():
+  def layer(x, w1, w2):
+    with jax.named_scope('mlp'):
+      with jax.named_scope('up'):
+        h = jnp.tanh(x @ w1)
+      h = jnp.einsum('bd,de->be', h, w2)
+    with jax.named_scope('norm'):
+      h = h * jax.lax.rsqrt(jnp.mean(h * h, -1, keepdims=True))
+    return h + x
+
+  def loss_fn(ws, x):
+    for w1, w2 in ws:
+      x = rx.checkpoint(layer)(x, w1, w2)
+    return jnp.sum(x)
+  ws = [(_normal(2 * i, (8, 8)), _normal(2 * i + 1, (8, 8))) for i in range(2)]
+  report = analyze(loss_fn, ws, _normal(9, (4, 8)))
+  opened = split_diagram(report, expand='all')
+  for side in ('f0', 'b0'):
+    (top,) = [s for s in opened.sections() if s.id == side]
+    titles = [s.title for s in top.walk() if s is not top]
+    # Each scope once, by its path; an einsum's own scope is no group.
+    assert sorted(t for t in titles if t in ('mlp', 'mlp/up', 'norm')) == ['mlp', 'mlp/up',
+                                                                           'norm'], titles
+    assert not any('->' in t for t in titles)
+  graph = split_graph_of(report)
+  assert all(n.group[:1] == ('norm',) for n in graph.nodes if n.label == 'rsqrt')

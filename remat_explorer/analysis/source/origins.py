@@ -299,13 +299,16 @@ def _common_path(paths: Iterable[str]) -> str:
   return '/'.join(common)
 
 
-def _is_method(function: str) -> bool:
-  """``Attention.__call__`` is; ``scan.<locals>.body`` and ``f`` are not."""
-  return '.' in function and '<' not in function
+def is_method(function: str) -> bool:
+  """``Attention.__call__`` is, and so is a class's defined in a function
+  (``build.<locals>.Attention.__call__``); ``scan.<locals>.body``,
+  ``f.<locals>.<lambda>`` and ``f`` are not."""
+  own = function.rsplit('<locals>.', 1)[-1]
+  return '.' in own and '<' not in own
 
 
 @functools.lru_cache(maxsize=4096)
-def _is_jax_file(path: str) -> bool:
+def is_jax_file(path: str) -> bool:
   real = os.path.realpath(path)
   return any(real.startswith(root) for root in _package_roots(('jax', 'jaxlib')))
 
@@ -315,14 +318,19 @@ def _calls(frames: Sequence[Frame]) -> list[tuple]:
   identified by the call sites leading to it and the method itself, so
   that two calls of one method from different lines differ. JAX's own
   methods (``ufunc.__call__``, ...) are not a model's modules."""
-  keys, sites = [], []
-  for file, line, function in frames:
-    if _is_jax_file(file):
+  return [key for _, key in _indexed_calls(frames)]
+
+
+def _indexed_calls(frames: Sequence[Frame]) -> list[tuple[int, tuple]]:
+  """``_calls``, each with the index of its method's frame in `frames`."""
+  found, sites = [], []
+  for i, (file, line, function) in enumerate(frames):
+    if is_jax_file(file):
       continue
-    if _is_method(function):
-      keys.append((*sites, (file, function)))
+    if is_method(function):
+      found.append((i, (*sites, (file, function))))
     sites.append((file, line))
-  return keys
+  return found
 
 
 class ModulePaths:
@@ -383,6 +391,14 @@ class ModulePaths:
         return self._path_of_call[call]
     return ''
 
+  def method_paths(self, frames: Sequence[Frame]) -> dict[int, str]:
+    """For the frames of a call stack (outermost first), the module path of
+    each method call among them that reads parameters, by frame index
+    ('' for the model's root): which of the user's calls are modules, and
+    which modules they are."""
+    return {i: self._path_of_call[call] for i, call in _indexed_calls(frames)
+            if call in self._path_of_call}
+
 
 def _sub_programs(eqn) -> list[tuple]:
   """(jaxpr, the outer atoms its inputs are) for the bodies of an equation
@@ -426,4 +442,4 @@ def call_body(eqn, custom: bool = True):
 
 
 # Per program (tracebacks) or per working directory (relative paths).
-cleared_with_results(_frames, _relative_path, is_library_file, _is_jax_file)
+cleared_with_results(_frames, _relative_path, is_library_file, is_jax_file)

@@ -225,7 +225,12 @@ def _residual(index, origin, paths, block_of_equation=None, block=None,
   if jaxpr is not None and origin.kind == 'equation':
     producer = trace_producer(jaxpr, origin.var)
   if block is None and block_of_equation and producer is not None:
-    block = block_of_equation(producer.eqn)
+    # A value carried out of a body (a scan in the block) is the block's
+    # when the equation holding that body is.
+    for eqn in (producer.eqn, *reversed(producer.enclosing)):
+      block = block_of_equation(eqn)
+      if block is not None:
+        break
   producer_flops = None
   if jaxpr is not None and origin.equation_index is not None:
     top = jaxpr.eqns[origin.equation_index]

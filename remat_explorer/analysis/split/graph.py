@@ -6,33 +6,44 @@ nothing from JAX: per equation its primitive, output types, FLOPs, whether
 the backward pass recomputes it, its ``checkpoint_name``, its line of the
 user's code and module path, and the group it belongs to in the user's
 terms (``group``: the module path below the block's, such as
-``('attention', 'query')``, or, for a program whose parameters name no
-modules, the user's functions the block calls, such as ``('_attention',)``).
-Residual edges carry the index of the block residual they are
+``('attention', 'query')``, shown as ``blocks/attention/query``, then the
+user's calls inside that module; or, for a program whose parameters name
+no modules, the user's functions the block calls, such as
+``('_attention',)``; see ``grouping.Grouping``). A ``checkpoint_name``, and the
+rounding the split puts on a residual, compute nothing: they are drawn as
+part of the node that made the value, which carries the name. Residual
+edges carry the index of the block residual they are
 (``BlockReport.residuals``), its bytes, name and per-device shard.
 
 Calls inside a block (``jit``, custom derivatives, nested blocks) are one
 node with their equations as nodes of their own (``parent``), so a diagram
 can open them. Blocks whose splits are alike (the layers of an unrolled
-model) are drawn once (``GraphBlock.alike``).
+model) are drawn once (``GraphBlock.alike``). The values the program saves
+outside every block (an un-checkpointed head's output) make one more
+``GraphBlock`` (``outside``): a node per value and its producer, grouped
+by module path or the user's function, and a residual edge each.
 
 Node ids are stable: ``f<i>_e<j>`` / ``b<i>_e<j>`` is equation ``j`` of the
 ``i``-th drawn block's forward / backward jaxpr, ``..._i<k>`` an input,
 ``..._o<k>`` an output, and ``<id>_j<k>_e<j>`` an equation inside the
-``k``-th jaxpr of a call.
+``k``-th jaxpr of a call; ``f_outside_r<k>`` / ``b_outside_r<k>`` the
+producer and the saved value of ``RematReport.residuals[k]`` outside the
+blocks.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+import jax
+import jax.numpy as jnp
 from jax.extend.core import Literal, jaxprs_in_params
 
 from remat_explorer.analysis.split import flops as flop_count
-from remat_explorer.analysis.source.origins import (CodeSite, display_name, frames_in_call,
-                                             frames_of, is_library_file,
-                                             user_site, user_site_within)
+from remat_explorer.analysis.source.origins import CodeSite, user_site, user_site_within
+from remat_explorer.analysis.split.block_split import block_split
+from remat_explorer.analysis.split.grouping import Grouping, outside_group
 from remat_explorer.analysis.split.report import BlockReport, RematReport, aval_text
 from remat_explorer.engine import name_of_named_value
 
@@ -77,7 +88,13 @@ class GraphNode:
   module_path: str = ''
   group: tuple[str, ...] = ()
   """Where it sits in the user's model or code, below the block: what a
-  diagram groups by (see the module)."""
+  diagram groups by (see ``grouping.Grouping``)."""
+  group_titles: tuple[str, ...] = ()
+  """How each level of `group` is shown: a module by its full module path
+  (``blocks/attention/query``), a function by its name."""
+  group_classes: tuple[str, ...] = ()
+  """For each level of `group` that is a module, its class where the call
+  stack shows it (``Attention``, ``Linear``); '' for other levels."""
   parent: str | None = None
   """The call node it is inside, if any."""
   elementwise: bool = False
@@ -93,7 +110,8 @@ class GraphEdge:
   kind: str = 'data'
   """'data', 'residual' (forward to backward) or 'body' (call to its jaxpr)."""
   residual: int | None = None
-  """For a residual edge: its index in the block's ``BlockReport.residuals``."""
+  """For a residual edge: its index in the block's ``BlockReport.residuals``
+  (outside any block: in ``RematReport.residuals``)."""
   bytes: int = 0
   name: str | None = None
   per_device_aval: str | None = None
@@ -119,6 +137,16 @@ class GraphBlock:
   alike: tuple[str, ...] = ()
   """Names of every block whose split this one stands for, itself first,
   when several are alike (the layers of an unrolled model)."""
+  outside: bool = False
+  """Not a block: the values the program computes and saves outside every
+  remat block (``Residual.block`` None), each from its producer to the
+  backward pass. The arguments the backward pass reads (``kind``
+  'argument') are counted in `arguments`, not drawn: they are the
+  program's inputs, held anyway, and the blocks that read them draw them
+  as saved inputs."""
+  arguments: tuple[int, int] = (0, 0)
+  """For the outside block: how many arguments the backward pass reads
+  outside the blocks' splits, and their bytes."""
 
 
 @dataclass(frozen=True)
@@ -159,6 +187,10 @@ def _build(report: RematReport, block: str | None) -> SplitGraph:
   groups = _alike_groups(chosen) if block is None else [[b] for b in chosen]
   for i, same in enumerate(groups):
     builder.add_block(i, same)
+  if block is None:
+    outside = [r for r in report.residuals if r.block is None]
+    if any(r.kind != 'argument' for r in outside):
+      builder.add_outside(len(groups), outside)
   notes = () if groups else ('no block was split by differentiation',)
   return SplitGraph(f'{report.function} · policy {report.policy}',
                     tuple(builder.blocks), tuple(builder.nodes), tuple(builder.edges),
@@ -198,6 +230,7 @@ class _Builder:
     self.blocks: list[GraphBlock] = []
     self.nodes: list[GraphNode] = []
     self.edges: list[GraphEdge] = []
+    self._position: dict[str, int] = {}  # node id -> index in `nodes`
 
   def add_block(self, i: int, same: list[BlockReport]) -> None:
     block = same[0]
@@ -207,7 +240,7 @@ class _Builder:
         block.trip_count, block.policy, block.residual_bytes,
         block.recompute_flops, len(block.recomputed),
         tuple(b.name for b in same) if len(same) > 1 else ()))
-    grouping = _Grouping(block, self.module_paths)
+    grouping = Grouping(block, self.module_paths)
     first_node = len(self.nodes)
     known, staged = block.known_jaxpr, block.staged_jaxpr
     f_in, f_out = self._jaxpr(i, 'forward', f'f{i}', known, ['input'] * len(known.invars),
@@ -223,8 +256,51 @@ class _Builder:
     self._outputs(i, 'backward', f'b{i}', staged.outvars, b_out, 'tangent out')
     self._residual_edges(i, block, split, f_in, f_out, b_in)
     self.nodes[first_node:] = [
-        n if not n.group else dataclasses.replace(n, group=grouping.names(n.group))
+        n if not n.group else dataclasses.replace(n, **grouping.names(n.group))
         for n in self.nodes[first_node:]]
+
+  def add_outside(self, i: int, residuals) -> None:
+    """The values saved outside every block, as block `i`: per residual,
+    its producer on the forward side (an equation, grouped by its module
+    path or the user's function; a literal or constant as it is) and the
+    saved value on the backward side, joined by a residual edge."""
+    arguments = [r for r in residuals if r.kind == 'argument']
+    computed = [r for r in residuals if r.kind != 'argument']
+    self.blocks.append(GraphBlock(
+        i, OUTSIDE_BLOCKS, '', '', (), None, '', sum(r.bytes for r in computed), 0, 0,
+        outside=True, arguments=(len(arguments), sum(r.bytes for r in arguments))))
+    for r in computed:
+      types = aval_text(_aval(r.dtype, r.shape))
+      src, dst = f'f_outside_r{r.index}', f'b_outside_r{r.index}'
+      if r.kind == 'equation':
+        group, titles = outside_group(r)
+        self._add(GraphNode(src, i, 'forward', 'eqn', r.primitive or 'equation', types,
+                            flops=r.producer_flops or 0, name=r.name, site=r.site,
+                            module_path=r.module_path, group=group, group_titles=titles))
+      else:
+        self._add(GraphNode(src, i, 'forward', 'input', r.kind, types, role='const'))
+      self._add(GraphNode(dst, i, 'backward', 'input', 'residual', types, role='residual'))
+      local_aval = None
+      if r.per_device_shape is not None:
+        local_aval = aval_text(_aval(r.dtype, r.per_device_shape))
+      self.edges.append(GraphEdge(src, dst, 'residual', r.index, r.bytes, r.name,
+                                  local_aval, r.per_device_bytes))
+
+  def _add(self, node: GraphNode) -> None:
+    self._position[node.id] = len(self.nodes)
+    self.nodes.append(node)
+
+  def _fold(self, into: str, eqn, name: str | None) -> None:
+    """Draw `eqn`, which only names or rounds a value, as part of the node
+    that made the value: that node carries the name."""
+    k = self._position[into]
+    node = self.nodes[k]
+    changes = {}
+    if name is not None:
+      changes.update(name=name, elementwise=False)
+    if node.kind in ('eqn', 'call'):
+      changes['equations'] = node.equations + 1
+    self.nodes[k] = dataclasses.replace(node, **changes)
 
   # -- jaxprs ---------------------------------------------------------------------
 
@@ -238,8 +314,13 @@ class _Builder:
     env.update(zip(jaxpr.invars, in_ids))
     for j, eqn in enumerate(jaxpr.eqns):
       nid = f'{prefix}_e{j}'
-      self.nodes.append(self._equation(block, side, nid, eqn, j in recomputed,
-                                       grouping, parent, context))
+      made_by = _passes_on(eqn, env)
+      if made_by is not None:
+        self._fold(made_by, eqn, name_of_named_value(eqn))
+        env.update((v, made_by) for v in eqn.outvars)
+        continue
+      self._add(self._equation(block, side, nid, eqn, j in recomputed,
+                               grouping, parent, context))
       for src in dict.fromkeys(env[v] for v in eqn.invars
                                if not isinstance(v, Literal) and v in env):
         self.edges.append(GraphEdge(src, nid))
@@ -257,8 +338,8 @@ class _Builder:
     return in_ids, outs
 
   def _input(self, block, side, nid, v, role, parent) -> str:
-    self.nodes.append(GraphNode(nid, block, side, 'input', _ROLE_TITLES[role],
-                                aval_text(v.aval), role=role, parent=parent))
+    self._add(GraphNode(nid, block, side, 'input', _ROLE_TITLES[role],
+                        aval_text(v.aval), role=role, parent=parent))
     return nid
 
   def _equation(self, block, side, nid, eqn, recomputed, grouping, parent,
@@ -286,8 +367,8 @@ class _Builder:
     for k, (v, src) in enumerate(zip(outvars, sources)):
       nid = f'{prefix}_o{k}'
       types = aval_text(v.aval) if not isinstance(v, Literal) else f'literal {v.val}'
-      self.nodes.append(GraphNode(nid, block, side, 'output', title, types,
-                                  role='output' if side == 'forward' else 'tangent out'))
+      self._add(GraphNode(nid, block, side, 'output', title, types,
+                          role='output' if side == 'forward' else 'tangent out'))
       if src is not None:
         self.edges.append(GraphEdge(src, nid))
 
@@ -299,15 +380,14 @@ class _Builder:
     for r, (v, src) in enumerate(zip(known.outvars[n_out:], f_out[n_out:])):
       if src is None:  # a literal residual: give it a node to start from
         src = f'f{i}_lit{r}'
-        self.nodes.append(GraphNode(src, i, 'forward', 'input', 'literal',
-                                    str(getattr(v, 'val', '')), role='const'))
+        self._add(GraphNode(src, i, 'forward', 'input', 'literal',
+                            str(getattr(v, 'val', '')), role='const'))
       self._residual_edge(src, b_in[r], block, by_position.get(r), v.aval)
     for k, (known_index, staged_index) in enumerate(split.saved_inputs):
       if known_index is None:  # read by the backward pass only
         src = f'f{i}_saved{k}'
-        self.nodes.append(GraphNode(src, i, 'forward', 'input', 'block input',
-                                    aval_text(staged.invars[staged_index].aval),
-                                    role='input'))
+        self._add(GraphNode(src, i, 'forward', 'input', 'block input',
+                            aval_text(staged.invars[staged_index].aval), role='input'))
       else:
         src = f_in[known_index]
       self._residual_edge(src, b_in[staged_index], block,
@@ -328,6 +408,36 @@ class _Builder:
 _ROLE_TITLES = {'input': 'input', 'residual': 'residual', 'saved': 'saved input',
                 'tangent': 'tangent', 'const': 'constant'}
 
+OUTSIDE_BLOCKS = 'outside remat blocks'
+"""The name of the ``GraphBlock`` that holds the residuals saved outside
+every block."""
+
+
+def _passes_on(eqn, env) -> str | None:
+  """For an equation that computes nothing, the node of the value it passes
+  on: a ``checkpoint_name`` (the value is drawn with its name), or the
+  rounding of a residual to its own dtype that the split adds."""
+  if len(eqn.invars) != 1 or len(eqn.outvars) != 1 or isinstance(eqn.invars[0], Literal):
+    return None
+  if name_of_named_value(eqn) is None and not _rounds_to_own_dtype(eqn):
+    return None
+  return env.get(eqn.invars[0])
+
+
+def _rounds_to_own_dtype(eqn) -> bool:
+  if eqn.primitive.name != 'reduce_precision':
+    return False
+  try:
+    info = jnp.finfo(eqn.outvars[0].aval.dtype)
+  except (TypeError, ValueError, AttributeError):
+    return False
+  return (eqn.params.get('exponent_bits') == info.nexp
+          and eqn.params.get('mantissa_bits') == info.nmant)
+
+
+def _aval(dtype: str, shape) -> jax.core.ShapedArray:
+  return jax.core.ShapedArray(tuple(shape), jnp.dtype(dtype))
+
 
 def _call_title(eqn) -> str:
   prim, params = eqn.primitive.name, eqn.params
@@ -341,132 +451,3 @@ def _call_title(eqn) -> str:
 
 def _count(jaxpr) -> int:
   return sum(1 + sum(_count(s) for s in jaxprs_in_params(e.params)) for e in jaxpr.eqns)
-
-
-class _Grouping:
-  """Where an equation sits in the user's terms, below its block: its
-  module path relative to the block's where the program's parameters name
-  modules, else the user's functions the block calls on the way to it (the
-  same function called from two lines is two groups, ``_layer_norm @158``
-  and ``_layer_norm @161``); inside either, the equations a library
-  function made (``gelu``, ``softmax``, ``einsum``) are grouped by that
-  function."""
-
-  def __init__(self, block: BlockReport, module_paths):
-    self.block_path = [p for p in block.module_path.split('/') if p]
-    self.entry = block.function
-    self.paths = module_paths
-    # Group by module where the block's equations are in modules below its own.
-    self.by_module = module_paths is not None and any(
-        len([p for p in module_paths.of(e).split('/') if p]) > len(self.block_path)
-        for jaxpr in (block.known_jaxpr, block.staged_jaxpr) for e in jaxpr.eqns)
-    self._sites: dict[str, set[int]] = {}
-
-  def of(self, eqn, context) -> tuple[str, tuple]:
-    """(module path, raw group): the group's parts are module names, or
-    (function, line it was called from) pairs, made names by ``names``."""
-    module_path = '' if self.paths is None else self.paths.of(eqn)
-    if not module_path and context is not None and self.paths is not None:
-      module_path = self.paths.of(context)
-    if self.by_module:
-      parts = [p for p in module_path.split('/') if p]
-      group = (tuple(parts[len(self.block_path):])
-               if parts[:len(self.block_path)] == self.block_path else ())
-    else:
-      group = self._functions(eqn, context)
-    library = _library_function(eqn, context)
-    if library and (not group or group[-1] != library):
-      group = (*group, library)
-    return module_path, group
-
-  def _functions(self, eqn, context) -> tuple:
-    frames = frames_of(eqn.source_info.traceback)
-    if context is not None:
-      frames = frames_in_call(frames_of(context.source_info.traceback), frames)
-    frames = [f for f in frames if not is_library_file(f[0])]
-    names = [display_name(f[2]) for f in frames]
-    start = names.index(self.entry) + 1 if self.entry in names else 0
-    parts = []
-    for caller, frame in zip(frames[start - 1:] if start else [None] + list(frames),
-                             frames[start:]):
-      name = display_name(frame[2])
-      line = caller[1] if caller is not None else 0
-      self._sites.setdefault(name, set()).add(line)
-      parts.append((name, line))
-    return tuple(parts)
-
-  def names(self, group: tuple) -> tuple[str, ...]:
-    """The group's parts as shown: a function called from several lines of
-    the block gets the line it was called from."""
-    out = []
-    for part in group:
-      if isinstance(part, tuple):
-        name, line = part
-        out.append(f'{name} @{line}' if len(self._sites.get(name, ())) > 1 else name)
-      else:
-        out.append(part)
-    return tuple(out)
-
-
-def _library_function(eqn, context) -> str | None:
-  """The library function (``gelu``, ``softmax``) the user's code called
-  to make `eqn`, when it is a public one; operators and JAX's internals
-  are not."""
-  for source in (eqn, context):
-    if source is None:
-      continue
-    frames = frames_of(source.source_info.traceback)
-    users = [i for i, f in enumerate(frames) if not is_library_file(f[0])]
-    if not users or users[-1] + 1 >= len(frames):
-      continue
-    function = frames[users[-1] + 1][2]
-    # A module's method (Linear.__call__) is already its module's group;
-    # private helpers and operators say nothing to the user.
-    if '.' in function or '<' in function or function.startswith('_') or function == 'bind':
-      return None
-    return function
-  return None
-
-
-@dataclass(frozen=True)
-class BlockSplit:
-  """The values crossing one block's split, as positions in its jaxprs."""
-  num_residuals: int
-  num_known_outputs: int
-  saved_inputs: tuple[tuple[int | None, int], ...]
-  """For each known input the backward pass reads: (index in the known
-  jaxpr's invars, or None where the forward pass does not read it; index in
-  the staged jaxpr's invars)."""
-  tangent_inputs: tuple[int, ...]
-  """Indices of the staged jaxpr's invars that are (co)tangents."""
-  recomputed: frozenset[int] = field(default_factory=frozenset)
-  """Indices of staged equations that recompute forward values."""
-
-
-def block_split(block: BlockReport) -> BlockSplit:
-  """Where `block`'s residuals, saved inputs and tangents sit in its jaxprs.
-
-  The layout (``engine/split.py``): the known jaxpr reads the known block
-  inputs it uses, in block order, and its outputs are the block's known
-  outputs, then the residuals; the staged jaxpr's inputs are the same
-  residuals, then the block inputs it reads, in block order (known ones are
-  primals saved as they are, unknown ones are (co)tangents)."""
-  num_res = block.num_residuals
-  saved, tangents = [], []
-  known_position = staged_position = 0
-  known_used = iter(block.known_inputs_used)
-  for unknown, staged_reads in zip(block.in_unknowns, block.staged_inputs_used):
-    in_known = False if unknown else next(known_used)
-    if staged_reads:
-      staged_index = num_res + staged_position
-      staged_position += 1
-      if unknown:
-        tangents.append(staged_index)
-      else:
-        saved.append((known_position if in_known else None, staged_index))
-    known_position += in_known
-  return BlockSplit(
-      num_residuals=num_res,
-      num_known_outputs=len(block.known_jaxpr.outvars) - num_res,
-      saved_inputs=tuple(saved), tangent_inputs=tuple(tangents),
-      recomputed=frozenset(e.index for e in block.recomputed if e.index is not None))

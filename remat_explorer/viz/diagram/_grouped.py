@@ -10,7 +10,10 @@ primitives at the bottom. Calls (``jit``, custom derivatives, nested
 blocks) open the same way. The values the forward pass computes and saves are
 drawn one node each on the backward side, with the residual edges that carry
 them; the block inputs saved as they are, and other inputs and outputs, are
-gathered per kind.
+gathered per kind. Groups are titled as the graph says (a module by its
+full module path) and keep their ids short (``f0/attention/query``). The
+values saved outside every block are drawn in their own cluster
+(``f_outside`` / ``b_outside``) the same way.
 """
 
 from __future__ import annotations
@@ -52,7 +55,8 @@ def _drawn(graph: SplitGraph, expand) -> tuple[Diagram, '_Drawer']:
   drawer = _Drawer(graph, expand)
   for block in graph.blocks:
     for side, top in (('forward', diagram.forward[0]), ('backward', diagram.backward[0])):
-      section = Section(f'{side[0]}{block.index}', _block_title(block, side))
+      section = Section(f'{side[0]}_outside' if block.outside else f'{side[0]}{block.index}',
+                        _block_title(block, side))
       top.children.append(section)
       members = [n for n in drawer.top_level[block.index, side]]
       drawer.place(section, members, depth=0)
@@ -127,8 +131,10 @@ class _Drawer:
 
   def _group(self, section: Section, name: str, nodes: list[GraphNode], depth: int) -> None:
     gid = f'{section.id}/{name}'  # a section's id is its group's path
+    titles = nodes[0].group_titles
+    title = titles[depth] if len(titles) > depth else name
     if self.opened(gid):
-      child = Section(gid, name)
+      child = Section(gid, title)
       section.children.append(child)
       self.place(child, nodes, depth + 1)
       return
@@ -137,16 +143,18 @@ class _Drawer:
     recomputed = sum(n.equations for n in nodes if n.recomputed)
     flops = sum(n.flops for n in nodes)
     names = sorted({d.name for d in inside if d.name})
-    lines = [name, f'{equations} eqns · {format_flops(flops)}']
+    lines = [title, f'{equations} eqns · {format_flops(flops)}']
     saved = [e for d in inside for e in self.saves.get(d.id, ())]
     if saved:
       lines.append(f'saves {len(saved)} residual{"s" * (len(saved) != 1)} '
                    f'({format_bytes(sum(e.bytes for e in saved))})')
     if recomputed:
       lines.append(f'recomputes {recomputed} of {equations} eqns')
+    classes = {n.group_classes[depth] for n in nodes if len(n.group_classes) > depth} - {''}
+    details = [f'class {", ".join(sorted(classes))}'] if classes else []
     node = Node(gid, lines, 'group', recomputed=0 < equations == recomputed, flops=flops,
                 equations=equations, recomputed_equations=recomputed, opens=True,
-                names=names, details=_where(nodes))
+                names=names, details=details + _where(nodes))
     section.nodes[gid] = node
     for d in inside:
       self.shown[d.id] = gid
@@ -228,6 +236,12 @@ def _where(nodes: list[GraphNode]) -> list[str]:
 
 
 def _block_title(block: GraphBlock, side: str) -> str:
+  if block.outside:
+    count, size = block.arguments
+    arguments = (f' · the backward pass also reads {count} argument{"s" * (count != 1)} '
+                 f'({format_bytes(size)})' if count else '')
+    return (f'{block.name} · saves {format_bytes(block.residual_bytes)}{arguments}'
+            if side == 'forward' else f'{block.name} · reads what the forward pass saved')
   runs = f' · runs ×{block.trip_count}' if (block.trip_count or 1) > 1 else ''
   where = ' / '.join(block.path)
   head = (block.name + (f' ({block.module_path})' if block.module_path else '')

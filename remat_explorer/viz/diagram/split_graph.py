@@ -14,7 +14,9 @@ it). All are pure functions of a ``RematReport``.
 Node ids are stable: ``f<i>/attention/query`` is a group of the ``i``-th
 drawn block's forward side (``b<i>...`` the backward side), ``f<i>_e<j>``
 equation ``j`` of its forward jaxpr, and ``<id>_j<k>_e<j>`` an equation
-inside the ``k``-th jaxpr of a call; each node's tooltip shows its id.
+inside the ``k``-th jaxpr of a call; each node's tooltip shows its id. The
+values saved outside every block are in the ``f_outside`` / ``b_outside``
+clusters ("outside remat blocks").
 """
 
 from __future__ import annotations
@@ -81,7 +83,8 @@ def split_diagram(report: RematReport, *, block: str | None = None,
     report: from ``remat_explorer.analysis.split.analyze``.
     block: a block name (``BlockReport.name``) to draw that block only;
       default: every block that differentiation split, blocks whose splits
-      are alike (unrolled layers) drawn once.
+      are alike (unrolled layers) drawn once, and the values the program
+      saves outside them.
     max_nodes: above this many nodes (once groups are opened) the diagram is
       summarized (repeated runs of equations drawn once with ×N, chains of
       elementwise ops folded, then the middle of long jaxprs elided); it
