@@ -65,8 +65,16 @@ test-jax-oldest: $(OLDEST_VENV)/.installed
 	$(OLDEST_VENV)/bin/python -c 'import jax; assert jax.__version__ == "$(OLDEST_JAX)", jax.__version__'
 	$(OLDEST_VENV)/bin/python -m pytest -n 2 -p no:cacheprovider -q $(OLDEST_TESTS)
 
-# JupyterLab on the notebooks, on loopback only, with a token.
-lab: $(INSTALLED) dot
+# JupyterLab on the notebooks, on loopback only, with a token. Notebooks
+# saved there keep their widgets' state, so a reopened one draws its
+# Explorers rather than "model not found" (a setting of this environment's
+# JupyterLab only).
+LAB_OVERRIDES = $(VENV)/share/jupyter/lab/settings/overrides.json
+$(LAB_OVERRIDES): $(INSTALLED)
+	mkdir -p $(dir $@)
+	echo '{"@jupyter-widgets/jupyterlab-manager:plugin": {"saveState": true}}' > $@
+
+lab: $(INSTALLED) $(LAB_OVERRIDES) dot
 	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --no-browser \
 	  --ServerApp.root_dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
 

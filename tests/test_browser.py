@@ -9,7 +9,9 @@ widget rendered, that its diagram pans and zooms with readable text, that
 the policy control drives the views (with the old figures marked while a
 compile runs), that a click on a diagram node reaches Python, that no button
 is cut and no terminal escape shows. A notebook executed elsewhere, opened
-untrusted, shows its diagrams as images. Every wait is for a condition on
+untrusted, shows the Explorer's static snapshot (its costs, timeline and
+diagrams as images, or its error); opened trusted with no kernel holding
+its widgets, it draws them from the state saved with it. Every wait is for a condition on
 the page, never a fixed time. Without Chromium these tests fail and say how
 to install it.
 
@@ -34,6 +36,8 @@ from pathlib import Path
 
 import pytest
 
+from remat_explorer.viz.html.snapshot import SNAPSHOT_NOTE
+
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = '/usr/bin/chromium'
 DOCS_SCREENSHOT = ROOT / 'docs' / 'explorer.png'
@@ -43,6 +47,7 @@ MIN_TEXT_PX = 11
 LAB_SETTINGS = {'@jupyterlab/apputils-extension/notification.jupyterlab-settings': {
     'fetchNews': 'false', 'checkForUpdates': False, 'doNotDisturbMode': True}}
 UNTRUSTED_NOTEBOOK = 'untrusted.ipynb'
+TRUSTED_NOTEBOOK = 'reopened.ipynb'
 PEAK_NOTEBOOK = 'peak.ipynb'
 
 # One worker runs them all (under `--dist loadgroup`): one JupyterLab server.
@@ -446,55 +451,143 @@ def test_explorer_in_the_classic_notebook(classic_notebook, browser):
   page.close()
 
 
-def _executed_notebook(path: Path) -> None:
-  """Execute a small notebook (an Explorer and a diagram) and save it with
-  its outputs, as `make notebooks` saves the tutorials: unsigned."""
+_EXPLORED = ('import remat_explorer as rx\n'
+             'from remat_explorer import examples, viz\n'
+             'from remat_explorer.analysis import analyze\n'
+             'loss_fn, (params, batch) = examples.mlp(num_layers=3, width=32, batch=8)\n'
+             'explorer = rx.explore(loss_fn, params, batch)\n'
+             'explorer')
+_NOT_ANALYZABLE = ('import jax, jax.numpy as jnp\n'
+                   'def training_step(w, x):  # differentiates itself: refused\n'
+                   '    return jax.grad(lambda w: jnp.sum(jnp.sin(x @ w)))(w)\n'
+                   'rx.explore(training_step, *jax.random.normal(jax.random.key(3), (2, 4, 4)))')
+
+
+def _executed_notebook(path: Path, *cells: str) -> None:
+  """Execute a small notebook (an Explorer, a diagram, and the given
+  `cells`) and save it with its outputs as `make notebooks` saves the
+  tutorials (``run_notebooks``): unsigned, the Explorers' work done."""
   import nbformat
-  from nbclient import NotebookClient
-  source = ('import remat_explorer as rx\n'
-            'from remat_explorer import examples, viz\n'
-            'from remat_explorer.analysis import analyze\n'
-            'loss_fn, (params, batch) = examples.mlp(num_layers=3, width=32, batch=8)\n'
-            'explorer = rx.explore(loss_fn, params, batch)\n'
-            'explorer')
+  from tests.run_notebooks import execute
   notebook = nbformat.v4.new_notebook(cells=[
-      nbformat.v4.new_code_cell(source),
-      nbformat.v4.new_code_cell('viz.split_graph(analyze(loss_fn, params, batch))')])
+      nbformat.v4.new_code_cell(source) for source in
+      (_EXPLORED, 'viz.split_graph(analyze(loss_fn, params, batch))', *cells)])
   notebook.metadata['kernelspec'] = {'name': 'python3', 'display_name': 'Python 3',
                                      'language': 'python'}
+  nbformat.write(notebook, path)
   env = dict(os.environ, PYTHONPATH=os.pathsep.join(
       [str(ROOT), os.environ.get('PYTHONPATH', '')]))
-  NotebookClient(notebook, timeout=120, kernel_name='python3',
-                 resources={'metadata': {'path': str(path.parent)}}).execute(env=env)
-  nbformat.write(notebook, path)
+  execute(path, write=True, timeout=120, env=env)
 
 
 def test_a_saved_notebook_opened_untrusted_shows_its_diagrams_as_images(lab, browser):
   base, token, notebooks = lab
-  _executed_notebook(notebooks / UNTRUSTED_NOTEBOOK)
+  _executed_notebook(notebooks / UNTRUSTED_NOTEBOOK, _NOT_ANALYZABLE)
   page = browser.new_page(viewport={'width': 1440, 'height': 900})
   _open(page, f'{base}/lab/tree/{UNTRUSTED_NOTEBOOK}?token={token}')
   panel = _panel(page)
   outputs = page.locator(f'{panel} .jp-OutputArea-output')
+  # The snapshot's images: the timeline, the diagram fitted and at full size.
   page.wait_for_function(
-      "([panel]) => document.querySelectorAll(panel + ' .jp-OutputArea-output img.diagram')"
-      ".length >= 2 && Array.from(document.querySelectorAll("
-      "  panel + ' .jp-OutputArea-output img.diagram'))"
-      "  .every(i => i.complete && i.naturalWidth > 0)", arg=[panel], timeout=60_000)
+      "([panel]) => { const images = document.querySelectorAll("
+      "  panel + ' .jp-OutputArea-output .remat-snapshot img');"
+      "  return images.length >= 3 && Array.from(images)"
+      "    .every(i => i.complete && i.naturalWidth > 0); }", arg=[panel], timeout=60_000)
   trusted = page.evaluate("""() => {
     const cells = window.jupyterapp.shell.currentWidget.content.model.cells;
     return Array.from({length: cells.length}, (_, i) => cells.get(i).trusted);
   }""")
-  assert trusted == [False, False]
-  images = page.evaluate("""([panel]) => Array.from(
-      document.querySelectorAll(panel + ' .jp-OutputArea-output img.diagram'))
-      .map(i => [i.naturalWidth, i.getBoundingClientRect().width])""", [panel])
-  for natural, shown in images:
-    assert natural > 300 and shown == pytest.approx(natural, abs=1), images  # not shrunk
+  assert trusted == [False, False, False]
+  # The split graph's own image: at natural size, in a box that scrolls.
+  cells = page.locator(f'{panel} .jp-Cell')
+  graph = cells.nth(1).locator('.jp-OutputArea-output img.diagram')
+  graph.scroll_into_view_if_needed()  # cells out of view are not laid out
+  page.wait_for_function('(i) => i.complete && i.naturalWidth > 0',
+                         arg=graph.element_handle(), timeout=30_000)
+  natural, shown = graph.evaluate('(i) => [i.naturalWidth, i.getBoundingClientRect().width]')
+  assert natural > 300 and shown == pytest.approx(natural, abs=1)  # not shrunk
   text = outputs.all_inner_texts()
   assert not any('cluster_forward' in t or '->' in t for t in text), text
-  assert page.locator(f'{panel} .remat-residual-table').count() >= 1
+  _check_snapshot(page, cells.nth(0).locator('.jp-OutputArea-output:has(.remat-snapshot)'))
+  # A program that cannot be analyzed: its snapshot says why.
+  failed = cells.nth(2).locator('.jp-OutputArea-output:has(.remat-snapshot)')
+  # (Its text, laid out or not: JupyterLab skips cells out of view.)
+  assert SNAPSHOT_NOTE in failed.text_content()
+  assert failed.locator('p.error').text_content().startswith('Could not analyze the program')
   page.close()
+
+
+def test_a_saved_notebook_reopened_trusted_shows_its_explorer_from_the_saved_state(
+    lab, browser):
+  """No kernel holds the widgets of a notebook saved by `make notebooks`:
+  JupyterLab draws them from the state saved with it, compiled costs
+  included, instead of "model not found"."""
+  base, token, notebooks = lab
+  path = notebooks / TRUSTED_NOTEBOOK
+  _executed_notebook(path)
+  subprocess.run([sys.executable, '-m', 'jupyter', 'trust', str(path)], check=True,
+                 capture_output=True,
+                 env=dict(os.environ, JUPYTER_DATA_DIR=str(notebooks.parent / 'data')))
+  page = browser.new_page(viewport={'width': 1440, 'height': 900})
+  _open(page, f'{base}/lab/tree/{TRUSTED_NOTEBOOK}?token={token}')
+  panel = _panel(page)
+  explorer = page.locator(f'{panel} .remat-explorer').first
+  explorer.wait_for(timeout=60_000)
+  trusted = page.evaluate("""() => {
+    const cells = window.jupyterapp.shell.currentWidget.content.model.cells;
+    return Array.from({length: cells.length}, (_, i) => cells.get(i).trusted);
+  }""")
+  assert trusted == [True, True]
+  explorer.locator('.remat-viewer svg g.cluster').first.wait_for(timeout=30_000)
+  # Saved once its work was done: no progress line, the compiled figures.
+  assert explorer.locator('.remat-task').count() == 0
+  explorer.get_by_role('tab', name='Costs').click()
+  table = explorer.locator('.remat-costs-table')
+  table.wait_for(timeout=30_000)
+  cells = dict(table.locator('tr').evaluate_all(
+      'rows => rows.map(r => Array.from(r.cells).map(c => c.innerText))'))
+  assert cells['peak bytes'].startswith(f'{_mlp_costs().peak_bytes:,} ('), cells
+  content = page.content()
+  for message in BROKEN_WIDGET:
+    assert message not in content
+  page.close()
+
+
+def _mlp_costs():
+  """XLA's figures for the Explorer's program of `_EXPLORED`, here."""
+  from remat_explorer import examples
+  from remat_explorer.analysis import compile_costs
+  loss_fn, args = examples.mlp(num_layers=3, width=32, batch=8)
+  return compile_costs(loss_fn, *args)
+
+
+def _check_snapshot(page, output):
+  """The Explorer's static snapshot in `output`: it says what it is, shows
+  XLA's figures (those `compile_costs` gives here), the memory timeline as
+  an image, the diagram fitted to the output's width and, unfolded, at its
+  natural size, and the residual table."""
+  assert output.locator('.remat-snapshot-note').inner_text() == SNAPSHOT_NOTE
+  cells = dict(output.locator('.remat-costs-table tr').evaluate_all(
+      'rows => rows.map(r => Array.from(r.cells).map(c => c.innerText))'))
+  costs = _mlp_costs()
+  assert cells['peak bytes'].startswith(f'{costs.peak_bytes:,} ('), cells
+  assert cells['temp bytes'].startswith(f'{costs.temp_bytes:,} ('), cells
+  assert cells['FLOPs executed (loops counted)'].startswith(
+      f'{int(costs.executed_flops):,} ('), cells
+  for image in ('img.remat-timeline-img', 'img.remat-snapshot-diagram'):
+    loaded = output.locator(image).evaluate('(i) => i.complete && i.naturalWidth > 0')
+    assert loaded, image
+  diagram = output.locator('img.remat-snapshot-diagram')
+  natural, right, box = diagram.evaluate("""(i) => [i.naturalWidth,
+      i.getBoundingClientRect().right, i.closest('.jp-OutputArea-output')
+      .getBoundingClientRect().right]""")
+  assert right <= box + 1 and natural > right - diagram.bounding_box()['x'], (natural, right, box)
+  # Folded: the diagram at full size, readable, in a box that scrolls.
+  output.locator('details.remat-full-size summary').click()
+  full = output.locator('details.remat-full-size img.diagram')
+  natural, shown = full.evaluate('(i) => [i.naturalWidth, i.getBoundingClientRect().width]')
+  assert shown == pytest.approx(natural, abs=1)
+  assert output.locator('.remat-residual-table').count() == 1
 
 
 def _peak_notebook(path: Path) -> None:

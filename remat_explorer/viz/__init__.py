@@ -12,6 +12,9 @@
 * ``timeline_view`` / ``timeline_html``: the memory timeline as data and as
   inline SVG whose bands list the buffers live there (hover, click).
 * ``report_html``: a self-contained HTML report.
+* ``html.snapshot.snapshot_html``: the Explorer as static HTML (images of
+  SVG, tables, text) for where widgets do not run; the Explorer's output
+  carries it beside the widget (``widget.notebook_output``).
 * ``explore(f, *args)`` / ``Explorer``: the ipywidgets Explorer, which only
   wires controls to the functions above (``_work`` runs its compiles on
   workers and applies their results on the main thread).

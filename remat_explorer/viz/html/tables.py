@@ -148,6 +148,30 @@ def row_note(row) -> str:
   return ' '.join(unique_lines(row.warnings)) or row.recompute_eliminated or ''
 
 
+def costs_table_html(costs, baseline=None) -> str:
+  """XLA's figures for one compiled step (``CompiledCosts``), exact and
+  humanised: device, compiled peak, temporaries, arguments and outputs,
+  no remat's peak beside it (`baseline`), FLOPs executed (loops counted)
+  and XLA's own count (loop bodies once), compile time."""
+  def both(value, formatter):
+    return f'{value:,} ({formatter(value)})' if value is not None else MISSING
+  no_remat = (MISSING if baseline is None or baseline.failed
+              else both(baseline.peak_bytes, format_bytes))
+  rows = [('device', costs.device_kind),
+          ('peak bytes', both(costs.peak_bytes, format_bytes)),
+          ('temp bytes', both(costs.temp_bytes, format_bytes)),
+          ('argument bytes', both(costs.argument_bytes, format_bytes)),
+          ('output bytes', both(costs.output_bytes, format_bytes)),
+          ('no-remat peak bytes', no_remat),
+          ('FLOPs executed (loops counted)',
+           both(costs.executed_flops and int(costs.executed_flops), format_flops)),
+          ('XLA cost_analysis FLOPs (loop bodies once)',
+           both(costs.xla_flops and int(costs.xla_flops), format_flops)),
+          ('compile time', format_seconds(costs.compile_seconds))]
+  body = ''.join(f'<tr><td>{k}</td><td>{html_text(v)}</td></tr>' for k, v in rows)
+  return f'<table class="remat-costs-table"><tbody>{body}</tbody></table>'
+
+
 # -- what is live at a step --------------------------------------------------------------
 
 PEAK_TOP = 10

@@ -1,5 +1,6 @@
 """The interactive memory timeline as HTML: an inline SVG chart of a
-``TimelineView`` and, under it, the buffers live at one step.
+``TimelineView`` and, under it, the buffers live at one step (and the
+chart alone as a standalone SVG, ``timeline_svg``, for an image).
 
 Pure: the chart, each band's tooltip (an SVG ``<title>``: shown on hover
 with no script at all) and each band's buffer table are written here. By
@@ -115,7 +116,16 @@ def _step_text(view: TimelineView, band: Band) -> str:
 
 # -- the chart ------------------------------------------------------------------------------
 
-def _svg(view: TimelineView, keys: dict[int, str]) -> str:
+def timeline_svg(view: TimelineView) -> str:
+  """The chart of `view` alone, as a standalone SVG of fixed size for an
+  ``<img>`` (an untrusted notebook drops inline SVG but keeps images): no
+  hover targets, which an image cannot use."""
+  return _svg(view, None)
+
+
+def _svg(view: TimelineView, keys: dict[int, str] | None) -> str:
+  """The chart; with `keys` (each band's buffer list), inline at the
+  page's width with a hover target per band, else standalone."""
   ref_peak = view.reference[1] if view.reference else 0
   top = max(view.peak_bytes, ref_peak, 1)
   scale = byte_unit(top)
@@ -123,8 +133,9 @@ def _svg(view: TimelineView, keys: dict[int, str]) -> str:
   ymax = max(ticks[-1], top / scale) * scale
   x = functools.partial(_x, steps=view.steps)
   y = functools.partial(_y, top=ymax)
+  size = 'width="100%"' if keys is not None else f'width="{WIDTH}" height="{HEIGHT}"'
   parts = [f'<svg class="remat-timeline-chart" viewBox="0 0 {WIDTH} {HEIGHT}" '
-           f'width="100%" role="img" xmlns="http://www.w3.org/2000/svg" '
+           f'{size} role="img" xmlns="http://www.w3.org/2000/svg" '
            f'font-family="system-ui, sans-serif" font-size="12">',
            f'<title>memory along the compiled schedule under {html_text(view.policy)}</title>']
   parts += _axes(ticks, scale, y)
@@ -136,9 +147,10 @@ def _svg(view: TimelineView, keys: dict[int, str]) -> str:
   parts += _boundary(view, x)
   parts += _peak_mark(view, x, y)
   parts += _legend(view)
-  parts.append(f'<line class="remat-cursor" x1="0" x2="0" y1="{TOP}" y2="{BOTTOM + STRIP}" '
-               'stroke="#222" stroke-width="1" visibility="hidden"/>')
-  parts += [_hit(view, i, b, keys[i], x) for i, b in enumerate(view.bands)]
+  if keys is not None:
+    parts.append(f'<line class="remat-cursor" x1="0" x2="0" y1="{TOP}" y2="{BOTTOM + STRIP}" '
+                 'stroke="#222" stroke-width="1" visibility="hidden"/>')
+    parts += [_hit(view, i, b, keys[i], x) for i, b in enumerate(view.bands)]
   parts.append('</svg>')
   return ''.join(parts)
 

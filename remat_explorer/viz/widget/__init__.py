@@ -2,6 +2,9 @@
 layers below (the ``[lab]`` extra).
 
 * ``explorer``: ``explore`` / ``Explorer``.
+* ``notebook_output``: its output, the widget with its static snapshot
+  (``viz.html.snapshot``) as ``text/html``, which follows the Explorer
+  while no live view shows it.
 * ``_panels``: its HTML pieces, pure functions; ``_policy_controls``: which
   policy each block runs under (per block, as an expression, picked
   names); ``_search``: the memory budget and the search; ``_work``: compiles

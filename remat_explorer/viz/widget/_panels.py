@@ -4,16 +4,16 @@ is running, so the widget only assigns their results.
 
 from __future__ import annotations
 
-
-import jax
-
-from remat_explorer.analysis.program.devices import mesh_text
 from remat_explorer.analysis import error_summary
 from remat_explorer.analysis.tradeoffs.compare import recompute_eliminated
+# The captions are the snapshot's too (``viz.html.captions``); the
+# Explorer takes them from here.
+from remat_explorer.viz.html.captions import (caption_html, device_text,  # noqa: F401
+                                              error_html, warnings_html)
+from remat_explorer.viz.html.tables import costs_table_html
 from remat_explorer.viz.html.timeline_html import timeline_html
 from remat_explorer.viz.charts.timeline_view import timeline_view
-from remat_explorer.viz.text import (MISSING, format_bytes, format_flops, format_seconds,
-                                     html_text, unique_lines)
+from remat_explorer.viz.text import format_bytes, format_flops, html_text
 
 STALE = 'remat-stale'
 """Class of a view whose figures are being recomputed: greyed, labelled."""
@@ -70,13 +70,6 @@ def progress_html(tasks) -> str:
   return ''.join(lines)
 
 
-def caption_html(policy: str, lowering: str, device: str, what: str = 'showing') -> str:
-  """The line that says what a view shows: ``'<what> under <policy> ·
-  lowering <lowering> · <device>'``."""
-  return (f'<p class="remat-caption">{html_text(what)} under {html_text(policy)} · '
-          f'lowering {html_text(lowering)} · {html_text(device)}</p>')
-
-
 def estimate_html(label: str, estimate) -> str:
   """The figures estimated from the jaxpr (``estimate_costs``) while the
   compile runs, said to be an estimate: a model, not XLA's numbers."""
@@ -87,18 +80,10 @@ def estimate_html(label: str, estimate) -> str:
           'not its figures; they replace this when the compile lands).</p>')
 
 
-def warnings_html(warnings) -> str:
-  return ''.join(f'<p class="warning">{html_text(w)}</p>' for w in unique_lines(warnings))
-
-
 def error_text(e: Exception) -> str:
   """'ValueError: ...': the exception's type and message, without a
   traceback or JAX's note about it."""
   return error_summary(e)
-
-
-def error_html(message: str) -> str:
-  return f'<p class="error">{html_text(message)}</p>'
 
 
 def costs_html(label, lowering, costs, baseline, report) -> str:
@@ -108,35 +93,12 @@ def costs_html(label, lowering, costs, baseline, report) -> str:
   caption = caption_html(label, lowering, f'device {costs.device_kind}', 'compiled')
   if costs.failed:
     return caption + error_html(f'Compile failed: {costs.error}')
-  def both(value, formatter):
-    return f'{value:,} ({formatter(value)})' if value is not None else MISSING
-  rows = [('device', html_text(costs.device_kind)),
-          ('temp bytes', both(costs.temp_bytes, format_bytes)),
-          ('peak bytes', both(costs.peak_bytes, format_bytes)),
-          ('no-remat peak bytes',
-           both(baseline.peak_bytes, format_bytes) if not baseline.failed else MISSING),
-          ('FLOPs executed (loops counted)',
-           both(costs.executed_flops and int(costs.executed_flops), format_flops)),
-          ('XLA cost_analysis FLOPs (loop bodies once)',
-           both(costs.xla_flops and int(costs.xla_flops), format_flops)),
-          ('compile time', format_seconds(costs.compile_seconds))]
-  table = ''.join(f'<tr><td>{k}</td><td>{v}</td></tr>' for k, v in rows)
   flag = recompute_eliminated(report, costs)
   reference = None if baseline.failed or baseline is costs else ('no remat', baseline)
   view = timeline_view(report, costs, reference=reference)
-  return (f'<div class="remat-costs">{caption}<table>{table}</table>'
+  return (f'<div class="remat-costs">{caption}{costs_table_html(costs, baseline)}'
           + warnings_html([flag] if flag else [])
           + '<h4>Memory along the compiled step</h4>' + timeline_html(view) + '</div>')
-
-
-def device_text(report) -> str:
-  """Where `report`'s program runs: the default device's kind, and for a
-  sharded program how many devices and which mesh."""
-  kind = jax.devices()[0].device_kind
-  if report.num_devices <= 1:
-    return f'device {kind}'
-  mesh = mesh_text(report.mesh_shape)
-  return f'{report.num_devices} × {kind}' + (f' (mesh {mesh})' if mesh else '')
 
 
 def budget_bytes(fraction: float, ends: tuple[int, int]) -> int:

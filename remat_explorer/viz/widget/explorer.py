@@ -26,16 +26,17 @@ from remat_explorer.viz.widget._panels import (OUTDATED, STALE, caption_html, er
 from remat_explorer.viz.widget._policy_controls import ALL_BLOCKS, PolicyControls
 from remat_explorer.viz.widget._search import BudgetSearch
 from remat_explorer.viz.widget._work import Work
+from remat_explorer.viz.widget.notebook_output import ExplorerOutput
 from remat_explorer.viz.charts.costs import (plot_memory_breakdown, plot_pareto,
                                        plot_residuals_by_origin)
 from remat_explorer.viz.charts._figures import chart_img
 from remat_explorer.viz.diagram.render import render_diagram
 from remat_explorer.viz.widget.lab import require_lab
 from remat_explorer.viz.html.layout_tables import scan_layouts_html
+from remat_explorer.viz.html.snapshot import snapshot_html
 from remat_explorer.viz.diagram.split_graph import split_graph
 from remat_explorer.viz.html.tables import (RESIDUAL_SORT_KEYS, comparison_table_html,
                                        report_jaxprs_html, residual_table_html)
-from remat_explorer.viz.diagram.viewer import svg_img_html
 
 TABS = ('Split diagram', 'Residuals', 'Costs', 'Compare', 'Program')
 _AUTO = {'width': 'auto'}  # buttons as wide as their text: never cut
@@ -101,23 +102,22 @@ def _layouts(f) -> dict | None:
   return dict(f)
 
 
-def static_html(report, block=None, expand=()) -> str:
-  """The split diagram (an ``<img>`` of its SVG) and residual table of
-  `report`: what shows where scripts and inline SVG do not, such as an
-  untrusted notebook, whose sanitizer keeps images."""
-  diagram = render_diagram(split_graph(report, block=block, expand=expand))
-  image = svg_img_html(diagram.svg) if diagram.svg else ''
-  return image + diagram.notes_html + residual_table_html(report)
+def static_html(report, block=None, expand=(), costs=None) -> str:
+  """The Explorer's static snapshot of `report` (``snapshot_html``): what
+  shows where scripts and inline SVG do not, such as an untrusted
+  notebook, whose sanitizer keeps images and tables."""
+  return snapshot_html(report, costs, block=block, expand=expand)
 
 
 class StaticView:
-  """The split diagram and residual table of one report, as HTML."""
+  """The Explorer's static snapshot of one report (and its compiled
+  `costs`, if given), as HTML."""
 
-  def __init__(self, report):
-    self.report = report
+  def __init__(self, report, costs=None):
+    self.report, self.costs = report, costs
 
   def _repr_html_(self) -> str:
-    return static_html(self.report)
+    return static_html(self.report, costs=self.costs)
 
 
 class Explorer:
@@ -162,7 +162,7 @@ class Explorer:
     self._expanded: set[str] = set()
     self._drawn_block = self.block.value  # node ids are per drawing
     self._picking = False
-    self._static_html = ''
+    self._snapshot = None  # what the snapshot of the view shown is drawn from
 
     self.lowering = w.Dropdown(options=list(LOWERINGS), value=DEFAULT_LOWERING,
                                description='lowering')
@@ -221,6 +221,7 @@ class Explorer:
         self.search_note, self.error, self.tabs])
     # Class names for styling and for tests that look at the page.
     self.widget.add_class('remat-explorer')
+    self._output = ExplorerOutput(self, self.widget)
     self.refresh()
     self._budget.learn_range()
 
@@ -276,9 +277,13 @@ class Explorer:
       report = self.current_report()
       self._render_analysis(report)
     except Exception as e:  # shown in the widget; the previous views stay
-      self._show_error(e, f'Could not analyze the program under {self.controls.label()} '
-                          f'(lowering {self.lowering.value}); choose another policy or '
-                          'lowering, or fix the program and explore it again')
+      context = (f'Could not analyze the program under {self.controls.label()} '
+                 f'(lowering {self.lowering.value}); choose another policy or '
+                 'lowering, or fix the program and explore it again')
+      self._show_error(e, context)
+      self._output.set_html(snapshot_html(error=f'{context}: {error_text(e)}',
+                                          policy=self.controls.label(),
+                                          lowering=self.lowering.value))
       return
     self.error.value = ''
     self.controls.shown()
@@ -286,6 +291,7 @@ class Explorer:
     # The compile takes the controls as they are now; its result is dropped
     # if they have changed again by the time it ends.
     fn, policy, lowering = self.f, self.current_policy(), self.lowering.value
+    snapshot = self._snapshot
     shown = self.controls.label()
     label = f'{self.layout.value} · {shown}' if self.layouts else shown
     self.costs_tab.add_class(STALE)
@@ -293,8 +299,9 @@ class Explorer:
     # choice again joins the one under way.
     names = self.controls.key()
     self._work.start(f'compiling under {label} · lowering {lowering}',
-                     lambda _: self._costs_html(fn, label, policy, lowering, report),
-                     lambda html: self._show_costs(generation, html),
+                     lambda _: self._costs_html(fn, label, policy, lowering, report,
+                                                snapshot),
+                     lambda compiled: self._show_costs(generation, *compiled),
                      lambda e: self._costs_failed(generation, e),
                      group='costs', key=(label, names, lowering))
     # The jaxpr's estimate, in a fraction of the compile's time, until the
@@ -324,8 +331,8 @@ class Explorer:
     self.program_view.value = (caption_html(self._shown(report), report.lowering, device,
                                             'jaxprs')
                                + report_jaxprs_html(report))
-    image = svg_img_html(diagram.svg) if diagram.svg else ''
-    self._static_html = image + diagram.notes_html + self.residual_view.value
+    self._snapshot = dict(report=report, policy=self._shown(report), diagram=diagram)
+    self._output.set_html(snapshot_html(**self._snapshot))
 
   def _render_residuals(self, report) -> None:
     caption = caption_html(self._shown(report), report.lowering, _panels.device_text(report),
@@ -335,18 +342,23 @@ class Explorer:
         f'{residual_table_html(report, sort_by=self.sort_by.value)}</div>'
         + chart_img(plot_residuals_by_origin(report), 'residual bytes by origin'))
 
-  def _costs_html(self, fn, label, policy, lowering, report) -> str:
-    """On a worker: compile `fn` under `policy` and under no remat, draw."""
+  def _costs_html(self, fn, label, policy, lowering, report, snapshot) -> tuple[str, str]:
+    """On a worker: compile `fn` under `policy` and under no remat, draw
+    the Costs tab and the static snapshot (`snapshot`: what it shows
+    besides) with them."""
     costs = compile_costs(fn, *self.args, policy=policy, lowering=lowering,
                           argnums=self.argnums, **self.kwargs)
     baseline = compile_costs(fn, *self.args, policy=NO_REMAT, argnums=self.argnums,
                              **self.kwargs)
-    return _panels.costs_html(label, lowering, costs, baseline, report)
+    return (_panels.costs_html(label, lowering, costs, baseline, report),
+            snapshot_html(**snapshot, costs=costs, baseline=baseline))
 
-  def _show_costs(self, generation, html) -> None:
+  def _show_costs(self, generation, html, snapshot=None) -> None:
     if generation != self._generation:
       return  # a newer compile is under way; the view stays marked
     self.costs_view.value = html
+    if snapshot is not None:
+      self._output.set_html(snapshot)
     self.estimate_view.value = ''
     self._compiled_generation = generation
     self.costs_tab.remove_class(STALE)
@@ -360,6 +372,8 @@ class Explorer:
     if generation == self._generation:
       self.estimate_view.value = ''
       self.costs_tab.remove_class(STALE)  # nothing is coming
+      self._output.set_html(snapshot_html(**self._snapshot,
+                                          error=f'Compile failed: {error_text(e)}'))
 
   def _compare(self) -> None:
     lowering, searched = self.lowering.value, self.search_result
@@ -492,11 +506,12 @@ class Explorer:
 
   def _repr_mimebundle_(self, **kwargs):
     # Front ends that run widgets show the widget; the others (an untrusted
-    # notebook, a notebook viewer, nbconvert) fall back to static HTML of
-    # what the widget shows when first displayed, the diagram as an image.
-    bundle = dict(self.widget._repr_mimebundle_(**kwargs))
-    bundle['text/html'] = self._static_html
-    return bundle
+    # notebook, a notebook viewer, nbconvert) the static snapshot
+    # (``notebook_output`` says when it follows the Explorer).
+    return self._output.bundle(**kwargs)
+
+  def _ipython_display_(self) -> None:
+    self._output.display()
 
 
 def _comparison_html(comparison, selected, search_result) -> str:

@@ -1,0 +1,171 @@
+"""The Explorer's static snapshot (``viz.html.snapshot``): what a notebook
+shows where widgets do not run, checked against the analysis and XLA's
+figures of the same program, and for what the program's names can hold."""
+
+import base64
+import html
+import re
+import xml.etree.ElementTree as ET
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import remat_explorer as rx
+from remat_explorer.analysis import NO_REMAT, analyze, compile_costs
+from remat_explorer.viz.diagram.render import render_diagram
+from remat_explorer.viz.diagram.split_graph import split_graph
+from remat_explorer.viz.html.snapshot import NOT_COMPILED, SNAPSHOT_NOTE, snapshot_html
+from remat_explorer.viz.text import format_bytes, html_text
+
+NAME = '<b>x</b>'
+"""A ``checkpoint_name`` with markup in it: a name is any string."""
+
+
+def _named_program():
+  def block(w, x):
+    h = rx.checkpoint_name(jnp.tanh(x @ w), NAME)
+    return jnp.sin(h) @ w
+  f = rx.checkpoint(block, policy=rx.checkpoint_policies.save_only_these_names(NAME))
+
+  def loss(w, x):
+    return jnp.sum(f(w, f(w, x)) ** 2)
+  k1, k2 = jax.random.split(jax.random.key(7))
+  return loss, (jax.random.normal(k1, (16, 16)), jax.random.normal(k2, (8, 16)))
+
+
+@pytest.fixture(scope='module')
+def named():
+  loss, args = _named_program()
+  report = analyze(loss, *args)
+  return report, compile_costs(loss, *args), compile_costs(loss, *args, policy=NO_REMAT)
+
+
+def _cells(html_text_, table_class):
+  table = re.search(rf'<table class="{table_class}">(.*?)</table>', html_text_, re.S).group(1)
+  return {html.unescape(k): html.unescape(v) for k, v in
+          re.findall(r'<tr><td>(.*?)</td><td>(.*?)</td></tr>', table)}
+
+
+def _images(page: str) -> dict[str, list[str]]:
+  """Each ``<img>``'s class and the SVG its data URI holds."""
+  found: dict[str, list[str]] = {}
+  for cls, data in re.findall(r'<img class="([^"]+)"[^>]*?src="data:image/svg\+xml;base64,'
+                              r'([^"]+)"', page):
+    found.setdefault(cls, []).append(base64.b64decode(data).decode('utf-8'))
+  return found
+
+
+def test_the_snapshot_shows_xla_figures_the_timeline_and_the_split(named):
+  report, costs, baseline = named
+  page = snapshot_html(report, costs, baseline=baseline)
+  # It says first what it is and how to get the live widget.
+  first = re.search(r'<p[^>]*>(.*?)</p>', page).group(1)
+  assert first == SNAPSHOT_NOTE and 'trusted' in first and 'remat_explorer[lab]' in first
+  assert f'under {html_text(report.policy)} · lowering {report.lowering}' in page
+
+  cells = _cells(page, 'remat-costs-table')
+  for row, value in [('peak bytes', costs.peak_bytes), ('temp bytes', costs.temp_bytes),
+                     ('argument bytes', costs.argument_bytes),
+                     ('output bytes', costs.output_bytes),
+                     ('no-remat peak bytes', baseline.peak_bytes),
+                     ('FLOPs executed (loops counted)', int(costs.executed_flops))]:
+    assert cells[row].startswith(f'{value:,} ('), (row, cells[row], value)
+  assert cells['device'] == costs.device_kind
+
+  # Nothing a sanitizer drops: no script, style or inline SVG; every
+  # figure an image of SVG data.
+  assert not re.search(r'<(svg|script|style)\b', page)
+  images = _images(page)
+  (timeline,) = images['remat-timeline-img']
+  chart = ET.fromstring(timeline)  # a standalone document an <img> can load
+  assert chart.get('width') and chart.get('height')
+  assert f'peak {html_text(format_bytes(costs.timeline.peak_bytes))}' in timeline
+  # The diagram twice: fitted to the cell, and at full size in a fold.
+  drawn = render_diagram(split_graph(report)).svg
+  assert images['remat-snapshot-diagram'] == [drawn] and images['diagram'] == [drawn]
+  assert re.search(r'<img class="remat-snapshot-diagram" style="max-width:100%', page)
+  assert re.search(r'<details class="remat-full-size"><summary>[^<]+</summary>'
+                   r'<div class="remat-split-img"[^>]*><img class="diagram"[^>]*'
+                   r'max-width:none', page)
+  # The residual table, the user's name in it as text.
+  assert 'remat-residual-table' in page
+  assert html_text(NAME) in page and NAME not in page
+  assert html_text(NAME) in drawn and NAME not in drawn
+
+
+def test_a_snapshot_without_costs_says_they_were_not_compiled(named):
+  report, _, _ = named
+  page = snapshot_html(report)
+  assert html_text(NOT_COMPILED) in page and 'remat-costs-table' not in page
+  assert 'remat-residual-table' in page and 'remat-snapshot-diagram' in page
+
+
+def test_a_snapshot_of_a_failed_analysis_shows_the_error_escaped():
+  page = snapshot_html(error=f'ValueError: no residual named {NAME}', policy=NAME,
+                       lowering='cond')
+  assert re.search(r'<p class="error"[^>]*>ValueError: no residual named '
+                   + re.escape(html_text(NAME)) + '</p>', page)
+  assert NAME not in page and f'under {html_text(NAME)} · lowering cond' in page
+  assert SNAPSHOT_NOTE in page
+
+
+def test_the_explorer_of_a_program_it_cannot_analyze_shows_the_error_in_its_snapshot():
+  def training_step(w, x):  # differentiates itself: refused, naming the loss
+    return jax.grad(lambda w: jnp.sum(jnp.sin(x @ w)))(w)
+  w, x = jax.random.normal(jax.random.key(3), (2, 4, 4))
+  e = rx.explore(training_step, w, x)
+  e.wait(120)
+  page = e._repr_mimebundle_()['text/html']
+  assert SNAPSHOT_NOTE in page
+  message = html.unescape(re.search(r'<p class="error"[^>]*>(.*?)</p>', page).group(1))
+  # The widget's own error line, word for word.
+  assert message == html.unescape(re.search(r'<p class="error"[^>]*>(.*?)</p>',
+                                            e.error.value).group(1))
+  assert message.startswith('Could not analyze the program') and 'training_step' in message
+  assert 'remat-residual-table' not in page
+
+
+class _Handle:
+  """A display handle that records its updates."""
+
+  def __init__(self):
+    self.updates = []
+
+  def update(self, bundle, raw=False):
+    self.updates.append(bundle['text/html'])
+
+
+def test_the_explorer_snapshot_follows_its_costs_unless_a_live_view_shows_it():
+  loss, args = _named_program()
+  e = rx.explore(loss, *args)
+  handle = _Handle()
+  e._output._handles.append(handle)  # as if displayed in a notebook
+  e.wait(300)
+  # No front end showed a view: the output took the compiled costs.
+  costs = compile_costs(loss, *args)
+  assert _cells(handle.updates[-1], 'remat-costs-table')['peak bytes'].startswith(
+      f'{costs.peak_bytes:,} (')
+  assert e._repr_mimebundle_()['text/html'] == handle.updates[-1]
+  # A live view (counted by the front end) is never rebuilt under the user.
+  e.widget._view_count = 1
+  shown = len(handle.updates)
+  e.policy.value = 'everything_saveable'
+  e.wait(300)
+  assert len(handle.updates) == shown
+  assert 'everything_saveable' in e._repr_mimebundle_()['text/html']
+
+
+def test_a_compile_that_raises_is_said_in_the_snapshot(monkeypatch):
+  from remat_explorer.viz.widget import explorer as explorer_module
+
+  def compile_that_raises(*args, **kwargs):
+    raise RuntimeError(f'out of memory compiling {NAME}')
+  monkeypatch.setattr(explorer_module, 'compile_costs', compile_that_raises)
+  loss, args = _named_program()
+  e = rx.explore(loss, *args)
+  e.wait(300)
+  page = e._repr_mimebundle_()['text/html']
+  assert (f'Compile failed: RuntimeError: out of memory compiling {html_text(NAME)}'
+          in page)
+  assert html_text(NOT_COMPILED) in page and 'remat-residual-table' in page
