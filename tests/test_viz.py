@@ -1,6 +1,7 @@
 """Charts, tables, the HTML report, the command line and the Explorer widget,
 checked for what they show on small example models."""
 
+import dataclasses
 import re
 import subprocess
 import sys
@@ -261,6 +262,61 @@ def test_per_device_memory_chart_of_a_one_device_comparison(comparison):
     assert max(ends) == pytest.approx(sum(charts.costs_breakdown(row.costs).values()) / scale)
 
 
+def _every_chart(comparison, failing_label: str = ''):
+  """Each chart function's figure on `comparison`, by name."""
+  compiled = {r.label: r.costs for r in comparison.rows if not r.failed}
+  return {
+      'pareto': viz.plot_pareto(comparison, selected=comparison.rows[0].label),
+      'breakdown': viz.plot_memory_breakdown(comparison),
+      'per device': viz.plot_per_device_memory(comparison),
+      'residuals': viz.plot_residuals_by_origin(comparison.rows[0].report),
+      'timeline, two': viz.plot_memory_timeline(dict(list(compiled.items())[:2])),
+      'timeline, panels': viz.plot_memory_timeline(compiled, reference='no remat'),
+  }
+
+
+MIN_DISPLAYED_TEXT_PX = 11
+CELL_PX = 900
+"""The narrowest JupyterLab cell output at a 1440-px window: a chart no
+wider is shown unscaled there."""
+
+
+@pytest.mark.parametrize('chart', ['pareto', 'breakdown', 'per device', 'residuals',
+                                   'timeline, two', 'timeline, panels'])
+def test_every_chart_text_is_readable_at_the_size_it_is_shown(comparison, chart):
+  """Every text a chart draws (titles, ticks, legends, labels, footnotes)
+  is at least 11 px at the figure's own dpi, and the figure is no wider
+  than a notebook cell, so neither a notebook (IPython draws a figure at
+  its dpi) nor the report (``chart_img``, at its natural size) shows it
+  smaller. A long policy label (a searched policy's) is among the rows."""
+  import base64
+  import struct
+  import matplotlib
+  from IPython.core.pylabtools import print_figure
+  from matplotlib.text import Text
+  from remat_explorer.viz.charts._figures import chart_img
+  long_label = ("save_only_these_names('attention_scores_of_the_first_block', "
+                "'mlp_hidden_activation', 'layer_norm_output_of_the_second_block')")
+  rows = list(comparison.rows)
+  rows[-1] = dataclasses.replace(rows[-1], label=long_label)
+  # A notebook may lower matplotlib's dpi to keep its images light: the
+  # charts keep their own.
+  with matplotlib.rc_context({'figure.dpi': 72}):
+    fig = _every_chart(dataclasses.replace(comparison, rows=tuple(rows)))[chart]
+  fig.draw_without_rendering()  # tick labels exist once drawn
+  texts = [t for t in fig.findobj(Text) if t.get_text().strip()]
+  assert len(texts) >= 5, chart
+  smallest = min(texts, key=lambda t: t.get_fontsize())
+  assert smallest.get_fontsize() * fig.dpi / 72 >= MIN_DISPLAYED_TEXT_PX, (
+      chart, smallest.get_text(), smallest.get_fontsize(), fig.dpi)
+  for png in (base64.b64decode(chart_img(fig).split('base64,')[1].split('"')[0]),
+              print_figure(fig, 'png')):  # the report's, a notebook's
+    width = struct.unpack('>I', png[16:20])[0]
+    assert 400 < width <= CELL_PX, (chart, width)
+  # The report and the widget never scale the image down.
+  assert 'style="max-width:none"' in chart_img(fig)
+
+
 # -- tables -----------------------------------------------------------------------
 
 def test_residual_table_lists_each_residual_sorted(problem):
@@ -279,8 +335,10 @@ def test_residual_table_lists_each_residual_sorted(problem):
 
 def test_comparison_table_has_a_row_per_policy(comparison):
   html = viz.comparison_table_html(comparison)
-  assert html.count('<tr') - 1 == len(comparison.rows)  # minus the header
-  assert html.count('class="pareto"') == len(comparison.pareto_front)
+  notes = html.count('<tr class="remat-notes">')
+  assert notes == sum(1 for r in comparison.rows if tables.row_note(r))
+  assert html.count('<tr') - 1 - notes == len(comparison.rows)  # minus the header
+  assert len(re.findall(r'<tr class="pareto\b', html)) == len(comparison.pareto_front)
   for row in comparison.rows:
     assert tables.html_text(row.label) in html
 
@@ -638,7 +696,9 @@ def test_comparison_warnings_sit_in_their_rows_once(comparison):
   warned = {r.label: r.warnings for r in comparison.rows if r.warnings}
   assert warned  # on the CPU some policies do not lower the peak
   for label, warnings in warned.items():
-    row = re.search(rf'<tr[^>]*><td>{re.escape(tables.html_text(label))}</td>.*?</tr>', html)
+    # The notes row right after the policy's row.
+    row = re.search(rf'<tr[^>]*><td[^>]*>{re.escape(tables.html_text(label))}</td>.*?</tr>'
+                    r'<tr class="remat-notes">.*?</tr>', html)
     for warning in warnings:
       assert row.group(0).count(tables.html_text(warning)) == 1
   # Every warning of the comparison is one of a row's, which the table shows.
@@ -768,8 +828,8 @@ def test_columns_without_data_are_hidden(comparison, problem):
   html = viz.comparison_table_html(comparison)  # compared without running
   assert all(r.run_seconds is None for r in comparison.rows)
   assert '<th>run</th>' not in html and '<th>compile</th>' in html
-  cells = re.search(r'<tr class="pareto">(.*?)</tr>', html).group(1)
-  assert cells.count('<td>') == html.split('<tbody>')[0].count('<th>')
+  cells = re.search(r'<tr class="pareto[^"]*">(.*?)</tr>', html).group(1)
+  assert cells.count('<td') == html.split('<tbody>')[0].count('<th>')
   no_names = analyze(*problem[:1], *problem[1], policy=rx.checkpoint_policies.nothing_saveable)
   assert all(r.name is None for r in no_names.residuals)
   assert '<th>name</th>' not in viz.residual_table_html(no_names)

@@ -10,6 +10,7 @@ import jax
 from remat_explorer.analysis.program.devices import mesh_text
 from remat_explorer.analysis import error_summary
 from remat_explorer.analysis.tradeoffs.compare import recompute_eliminated
+from remat_explorer.viz.html.tables import TABLE_CSS
 from remat_explorer.viz.html.timeline_html import timeline_html
 from remat_explorer.viz.charts.timeline_view import timeline_view
 from remat_explorer.viz.text import (MISSING, format_bytes, format_flops, format_seconds,
@@ -41,9 +42,10 @@ CSS = f"""<style>
 .remat-explorer p.warning {{ color: #8a5a00; margin: 0.2em 0; }}
 .remat-explorer p.error {{ color: #b00020; }}
 .remat-explorer button {{ white-space: nowrap; }}
-/* Figures on one line (“153.2 kFLOP”); the last column (notes, source) wraps. */
+/* Figures on one line (“153.2 kFLOP”); the tables' text columns wrap
+   (TABLE_CSS). */
 .remat-explorer table td {{ white-space: nowrap; }}
-.remat-explorer table td:last-child {{ white-space: normal; min-width: 16em; }}
+{TABLE_CSS}
 </style>"""
 
 
