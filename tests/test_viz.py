@@ -384,8 +384,11 @@ def test_report_opens_with_as_written_and_the_recommended_policy(comparison):
   assert summary.index('<b>as written</b>') < summary.index('ecommend')
   # No warning box comes before the table: each row's warning is in its notes.
   assert 'class="warning"' not in document[:document.index('<h2>Policies compared</h2>')]
-  assert ('<h2>Split under as written</h2>' in document
-          and 'Shown in detail: as written (the program as written)' in document)
+  assert ('<h2>Split diagrams</h2>' in document
+          and 'below): as written (the program as written)' in document)
+  # Its diagram is the one open.
+  opened = re.findall(r'<details class="remat-diagram" open><summary>(.*?)</summary>', document)
+  assert len(opened) == 1 and '<span class="remat-policy">as written</span>' in opened[0]
 
 
 def _unrolled_mlp(num_layers=6, width=64, batch=32):
@@ -426,13 +429,21 @@ def test_report_has_every_section(comparison):
   report = comparison.row('dots_saveable').report
   document = viz.report_html(comparison, report)
   for heading in ('Policies compared', 'Memory along the compiled schedule',
-                  'Split under dots_saveable', 'Residuals under dots_saveable', 'Program'):
+                  'Split diagrams', 'Residuals under dots_saveable', 'Program'):
     assert f'<h2>{heading}</h2>' in document
   assert document.count('<img class="chart"') >= 4
   assert '<svg' in document and 'cluster' in document
-  # The diagram sits in the pan-and-zoom viewer, whose script is inlined:
-  # nothing is fetched (no CDN), once per document.
-  assert document.count('class="remat-viewer-static"') == 1
+  # Every policy's diagram sits in a pan-and-zoom viewer in a <details> that
+  # names it (policies whose drawings are the same share one), and the
+  # legend says what opens a group on this page; the viewer's script is
+  # inlined: nothing is fetched (no CDN), once per document.
+  summaries = re.findall(r'<details class="remat-diagram"[^>]*><summary>(.*?)</summary>',
+                         document)
+  named = [label for summary in summaries
+           for label in re.findall(r'<span class="remat-policy">(.*?)</span>', summary)]
+  assert sorted(named) == sorted(tables.html_text(r.label) for r in comparison.rows)
+  assert document.count('class="remat-viewer-static"') == len(summaries) > 1
+  assert 'opens with expand=' in document and 'click to open' not in document
   # Each script once: the viewer's and the timeline's.
   assert document.count('<script>') == 2 and document.count('mountStatic(document)') == 1
   assert document.count('mountTimelines(document);') == 1
@@ -477,8 +488,10 @@ def test_command_line_report(tmp_path):
   assert 'wrote' in run.stdout
   document = out.read_text()
   shown = "save_only_these_names(&#x27;pre_activation&#x27;)"
-  assert f'<h2>Split under {shown}</h2>' in document
-  assert f'Shown in detail: {shown} (asked for with --policy)' in document
+  assert f'<h2>Residuals under {shown}</h2>' in document
+  assert f'below): {shown} (asked for with --policy)' in document
+  opened = re.findall(r'<details class="remat-diagram" open><summary>(.*?)</summary>', document)
+  assert len(opened) == 1 and f'<span class="remat-policy">{shown}</span>' in opened[0]
   # It opens with the program as written; the shown policy's timeline and
   # what is live at its peak follow the comparison.
   assert document.index('<h2>In short</h2>') < document.index('<h2>Policies compared</h2>')
@@ -697,7 +710,8 @@ def test_comparison_warnings_sit_in_their_rows_once(comparison):
   assert warned  # on the CPU some policies do not lower the peak
   for label, warnings in warned.items():
     # The notes row right after the policy's row.
-    row = re.search(rf'<tr[^>]*><td[^>]*>{re.escape(tables.html_text(label))}</td>.*?</tr>'
+    shown = tables.html_text(charts.short_label(label, tables.LABEL_CHARS))
+    row = re.search(rf'<tr[^>]*><td[^>]*>{re.escape(shown)}</td>.*?</tr>'
                     r'<tr class="remat-notes">.*?</tr>', html)
     for warning in warnings:
       assert row.group(0).count(tables.html_text(warning)) == 1

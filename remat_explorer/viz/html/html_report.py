@@ -134,13 +134,14 @@ def _diagrams_html(comparison, report, selected) -> str:
     shown = {diagram.svg or report.policy: [(report.policy, report, diagram)], **shown}
   parts = []
   for entries in shown.values():
-    labels = ', '.join(label for label, _, _ in entries)
+    labels = ', '.join(f'<span class="remat-policy">{html_text(label)}</span>'
+                       for label, _, _ in entries)
     _, first, diagram = entries[0]
     is_open = any(r is report for _, r, _ in entries)
     warnings = [w for _, r, _ in entries for w in r.warnings]
     parts.append(
         f'<details class="remat-diagram"{" open" if is_open else ""}>'
-        f'<summary>{html_text(labels)} <span class="note">(lowering '
+        f'<summary>{labels} <span class="note">(lowering '
         f'{html_text(first.lowering)}, {format_bytes(first.residual_bytes)} of residuals)'
         '</span></summary>' + _warnings_html(warnings)
         + (static_viewer_html(diagram.svg) if diagram.svg else '') + diagram.notes_html

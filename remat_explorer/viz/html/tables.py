@@ -12,6 +12,7 @@ from typing import Iterable
 from remat_explorer.analysis.tradeoffs.compare import Comparison
 from remat_explorer.analysis.split.report import RematReport, Residual
 from remat_explorer.analysis.program.devices import mesh_text
+from remat_explorer.viz.charts._figures import short_label
 from remat_explorer.viz.text import (MISSING, format_bytes, format_flops, format_seconds,
                                      html_text, unique_lines)
 
@@ -129,6 +130,10 @@ def _per_device_cell(r: Residual) -> str:
           f'({format_bytes(r.per_device_bytes)})')
 
 
+LABEL_CHARS = 64
+"""The most of a policy's label its cell shows: a few lines of its column."""
+
+
 def comparison_table_html(comparison: Comparison) -> str:
   """One row per policy: residual, temp and peak bytes, FLOPs (what the
   compiled program executes, loops counted, and what the jaxpr asks for),
@@ -136,7 +141,8 @@ def comparison_table_html(comparison: Comparison) -> str:
   over several devices also the residual bytes per device and the
   collectives (those the recompute re-runs in brackets). A policy's notes
   (``row_note``: why it failed, its warnings) follow its row, across the
-  table."""
+  table; a label longer than `LABEL_CHARS` is cut in its cell and given
+  whole there, so that no row grows tall."""
   sharded = comparison.num_devices > 1
   headings = ['policy', 'residual bytes', 'compiled temp', 'compiled peak',
               'FLOPs (compiled)', 'FLOPs (jaxpr)', 'recompute FLOPs', 'compile', 'run', 'Pareto']
@@ -146,7 +152,8 @@ def comparison_table_html(comparison: Comparison) -> str:
                      'FLOPs (compiled) / device', 'FLOPs (jaxpr)']
   rows, classes, notes = [], [], []
   for r in comparison.rows:
-    cells = [r.label, format_bytes(r.residual_bytes), format_bytes(r.temp_bytes),
+    label = short_label(r.label, LABEL_CHARS)
+    cells = [label, format_bytes(r.residual_bytes), format_bytes(r.temp_bytes),
              format_bytes(r.peak_bytes), format_flops(r.compiled_flops), format_flops(r.flops),
              format_flops(r.recompute_flops), format_seconds(r.compile_seconds),
              format_seconds(r.run_seconds), '✓' if r.on_pareto_front else '']
@@ -155,7 +162,10 @@ def comparison_table_html(comparison: Comparison) -> str:
                      else f'{r.collectives} ({r.recompute_collectives})')
       cells[2:4] = [format_bytes(r.residual_bytes_per_device), *cells[2:4], collectives]
     rows.append(cells)
-    notes.append(row_note(r))
+    note = row_note(r)
+    if label != r.label:
+      note = f'policy {r.label}' + (f': {note}' if note else '')
+    notes.append(note)
     classes.append((['pareto'] if r.on_pareto_front else [])
                    + (['remat-has-notes'] if notes[-1] else []))
   headings, rows = drop_empty_columns(headings, rows, keep=('policy',))
