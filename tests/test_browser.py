@@ -577,12 +577,9 @@ def test_explorer_costs_list_what_is_live_at_the_peak(lab, browser):
   page.close()
 
 
-def test_static_report_pans_and_zooms_its_diagram(browser, tmp_path):
-  from remat_explorer import examples
-  from remat_explorer.analysis import compare
+def test_static_report_pans_and_zooms_its_diagram(browser, tmp_path, long_label_comparison):
   from remat_explorer.viz.html.html_report import report_html
-  loss_fn, args = examples.mlp(num_layers=3, width=32, batch=8)
-  comparison = compare(loss_fn, *args)
+  comparison = long_label_comparison
   path = tmp_path / 'report.html'
   path.write_text(report_html(comparison, comparison.row('dots_saveable').report))
   page = browser.new_page(viewport={'width': 1440, 'height': 900})
@@ -590,7 +587,8 @@ def test_static_report_pans_and_zooms_its_diagram(browser, tmp_path):
   page.on('pageerror', lambda e: errors.append(str(e)))
   page.goto(path.as_uri())
   assert page.locator('svg g.cluster').count() >= 2
-  _check_viewer(page, page.locator('.remat-viewer').first)
+  # The diagram of the policy shown in detail is open.
+  _check_viewer(page, page.locator('details[open] .remat-viewer').first)
   charts = page.locator('img.chart')
   assert charts.count() >= 3
   widths = page.evaluate(
