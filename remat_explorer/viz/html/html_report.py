@@ -123,12 +123,11 @@ def _diagrams_html(comparison, report, selected) -> str:
   shown: dict[str, list] = {}  # SVG text -> [(row label, its report, diagram)]
   failed = []
   for row in comparison.rows:
-    row_report = report if row is selected else row.report
-    if row_report is None:
+    if row.report is None:
       failed.append(row)
       continue
-    diagram = render_diagram(split_graph(row_report, opens_on_click=False))
-    shown.setdefault(diagram.svg or row.label, []).append((row.label, row_report, diagram))
+    diagram = render_diagram(split_graph(row.report, opens_on_click=False))
+    shown.setdefault(diagram.svg or row.label, []).append((row.label, row.report, diagram))
   if selected is None:  # `report` is none of the rows': drawn first
     diagram = render_diagram(split_graph(report, opens_on_click=False))
     shown = {diagram.svg or report.policy: [(report.policy, report, diagram)], **shown}
