@@ -42,7 +42,9 @@ table.{TABLE} th {{ white-space: normal; vertical-align: bottom; }}
 table.{TABLE} td {{ white-space: nowrap; vertical-align: top; }}
 table.{TABLE} td.{WRAP}, table.{TABLE} td.{LABEL} {{ white-space: normal;
   overflow-wrap: anywhere; }}
-table.{TABLE} td.{LABEL} {{ min-width: 8em; }}
+/* The label column takes up to 30% of the table (its text breaks inside
+   names only when a name is wider than that); the figures share the rest. */
+table.{TABLE} td.{LABEL} {{ min-width: 8em; width: 30%; }}
 /* A row's notes span the table under its figures: a long warning takes a
    few wide lines rather than a narrow column many lines tall. */
 table.{TABLE} tr.remat-notes td {{ white-space: normal; overflow-wrap: anywhere;
