@@ -382,7 +382,27 @@ def test_explorer_in_jupyterlab(lab, browser, tmp_path):
   assert shot.stat().st_size > 10_000
   if os.environ.get('REMAT_UPDATE_SCREENSHOT') == '1':
     shutil.copyfile(shot, DOCS_SCREENSHOT)
+  _check_compare_tab_is_readable(page, explorer)
   page.close()
+
+
+def _check_compare_tab_is_readable(page, explorer):
+  """With the file browser open (a cell about 1000 px wide at a 1440-px
+  window), the Compare tab's table fits the cell, no row more than six
+  lines tall, and its charts show at their natural size."""
+  from remat_explorer.viz.charts._figures import MIN_TEXT_PX
+  page.evaluate('window.jupyterapp.shell.expandLeft()')
+  explorer.get_by_role('tab', name='Compare').click()
+  explorer.locator('.remat-comparison-table').wait_for(timeout=30_000)
+  selector = f'{_panel(page)} .remat-explorer'
+  cell = page.evaluate("(s) => document.querySelector(s).getBoundingClientRect().width",
+                       selector)
+  assert 800 < cell < 1200, cell  # the cell this check is about
+  _check_fits(page, selector, 'the Compare tab in JupyterLab')
+  images = _chart_scales(page, selector)['images']
+  assert len(images) >= 2
+  for alt, scale, natural in images:
+    assert scale * MIN_TEXT_PX >= 11, (alt, scale, natural)
 
 
 def test_explorer_in_the_classic_notebook(classic_notebook, browser):
@@ -679,14 +699,14 @@ _LAYOUT = """(selector) => {
     let lines = 0;
     for (const td of tr.cells) {
       const style = getComputedStyle(td);
-      const probe = document.createElement('span');
+      const inner = td.clientHeight - parseFloat(style.paddingTop)
+          - parseFloat(style.paddingBottom);
+      const probe = document.createElement('div');  // one line box of the cell's text
       probe.textContent = 'x';
       td.appendChild(probe);
       const line = probe.getBoundingClientRect().height;
       probe.remove();
-      const inner = td.clientHeight - parseFloat(style.paddingTop)
-          - parseFloat(style.paddingBottom);
-      lines = Math.max(lines, inner / line);
+      lines = Math.max(lines, line ? inner / line : 0);
     }
     rows.push([tr.cells[0].textContent.slice(0, 40), Math.round(lines * 10) / 10]);
   }

@@ -48,7 +48,7 @@ table.{TABLE} td.{LABEL} {{ min-width: 8em; width: 30%; }}
 /* A row's notes span the table under its figures: a long warning takes a
    few wide lines rather than a narrow column many lines tall. */
 table.{TABLE} tr.remat-notes td {{ white-space: normal; overflow-wrap: anywhere;
-  color: #555; font-size: 0.95em; padding-left: 2em; border-top: none; }}
+  color: #555; font-size: 0.9em; padding-left: 1.5em; border-top: none; }}
 table.{TABLE} tr.remat-has-notes td {{ border-bottom: none; }}
 """
 """The tables' layout, in the Explorer's and the report's style alike."""
