@@ -669,13 +669,15 @@ def long_label_comparison():
 
 
 def _widget_page(page, html: str, width: int) -> str:
-  """`html` as the Explorer shows it: with its style, in a box `width` px
-  wide (a notebook cell's output) at JupyterLab's font size. Returns the
-  box's selector."""
+  """`html` as the Explorer shows it: with its style (and the timeline's,
+  which its Costs view carries), in a box `width` px wide (a notebook
+  cell's output) at JupyterLab's font size. Returns the box's selector."""
+  from remat_explorer.viz.html.timeline_html import timeline_css
   from remat_explorer.viz.widget import _panels
   page.set_content('<!DOCTYPE html><html><head><meta charset="utf-8"></head>'
                    '<body style="margin:8px;font-family:system-ui,sans-serif;font-size:14px">'
-                   f'{_panels.CSS}<div class="remat-explorer" style="width:{width}px">'
+                   f'{_panels.CSS}<style>{timeline_css()}</style>'
+                   f'<div class="remat-explorer" style="width:{width}px">'
                    f'{html}</div></body></html>')
   return '.remat-explorer'
 
@@ -728,16 +730,22 @@ def _check_fits(page, selector: str, what: str) -> dict:
 
 def test_tables_fit_their_container_with_a_long_label_and_note(browser, tmp_path,
                                                                 long_label_comparison):
-  """The comparison and residual tables, with a policy label of 150
-  characters and a note of 500 (as long as XLA's) whose path has no space, stay inside a
-  1000-px cell and a 900-px one at a 1440-px window, in the Explorer's
-  style, and inside the report's page; no row is more than six lines
+  """The comparison, residual and live-buffer tables, with a policy label
+  of 150 characters and a note of 450 (as long as XLA's) whose path has no
+  space, stay inside a 1000-px cell and a 900-px one at a 1440-px window,
+  in the Explorer's style, and inside the report's page at 1440 and 1000
+  px; no row of a comparison or residual table is more than six lines
   tall."""
   from remat_explorer.viz.html.html_report import report_html
   from remat_explorer.viz.html.tables import comparison_table_html, residual_table_html
+  from remat_explorer.viz.widget._panels import costs_html
   comparison = long_label_comparison
   long_row = comparison.row(LONG_LABEL)
-  tables_html = comparison_table_html(comparison) + residual_table_html(long_row.report)
+  # The Compare, Residuals and Costs tabs' tables (the last with what is
+  # live at the peak: module paths, source lines).
+  tables_html = (comparison_table_html(comparison) + residual_table_html(long_row.report)
+                 + costs_html(LONG_LABEL, 'barrier', long_row.costs, comparison.baseline.costs,
+                              long_row.report))
   page = browser.new_page(viewport=_WINDOW)
   for width in (1000, 900):
     _check_fits(page, _widget_page(page, tables_html, width), f'widget {width} px')
