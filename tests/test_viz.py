@@ -2,6 +2,7 @@
 checked for what they show on small example models."""
 
 import dataclasses
+import html as html_module
 import re
 import subprocess
 import sys
@@ -262,7 +263,7 @@ def test_per_device_memory_chart_of_a_one_device_comparison(comparison):
     assert max(ends) == pytest.approx(sum(charts.costs_breakdown(row.costs).values()) / scale)
 
 
-def _every_chart(comparison, failing_label: str = ''):
+def _every_chart(comparison):
   """Each chart function's figure on `comparison`, by name."""
   compiled = {r.label: r.costs for r in comparison.rows if not r.failed}
   return {
@@ -341,6 +342,21 @@ def test_comparison_table_has_a_row_per_policy(comparison):
   assert len(re.findall(r'<tr class="pareto\b', html)) == len(comparison.pareto_front)
   for row in comparison.rows:
     assert tables.html_text(row.label) in html
+
+
+def test_a_long_label_is_cut_in_its_cell_and_whole_under_its_row(comparison):
+  names = ', '.join(repr(f'a_value_named_at_length_{i}') for i in range(6))
+  long_label = f'save_only_these_names({names})'
+  rows = [dataclasses.replace(r, label=long_label) if i == 2 else r
+          for i, r in enumerate(comparison.rows)]
+  html = viz.comparison_table_html(dataclasses.replace(comparison, rows=tuple(rows)))
+  cell = re.search(r'<td class="remat-label">(save_only[^<]*)</td>', html).group(1)
+  shown = tables.html_text(long_label)
+  assert shown.startswith(cell[:-1]) and cell.endswith('…')
+  assert len(html_module.unescape(cell)) == tables.LABEL_CHARS < len(long_label)
+  notes = re.search(rf'<tr[^>]*><td class="remat-label">{re.escape(cell)}</td>.*?</tr>'
+                    r'<tr class="remat-notes"><td colspan="\d+">(.*?)</td></tr>', html)
+  assert notes.group(1).startswith(f'policy {shown}')
 
 
 def test_jaxpr_listing_marks_the_residuals():
