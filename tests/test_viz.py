@@ -783,9 +783,16 @@ def test_a_click_on_a_collapsed_call_opens_it():
 
 def test_a_split_graph_shows_in_a_notebook_as_an_image(problem):
   # A Digraph's own image/svg+xml is not rendered in an untrusted notebook.
-  bundle = viz.split_graph(analyze(*problem[:1], *problem[1]))._repr_mimebundle_()
+  digraph = viz.split_graph(analyze(*problem[:1], *problem[1]))
+  bundle = digraph._repr_mimebundle_()
   assert set(bundle) == {'text/html', 'text/plain'}
   assert '<img class="diagram"' in bundle['text/html'] and '<svg' not in bundle['text/html']
+  # A click on an image opens nothing: its legend and tooltips say so.
+  import base64
+  image = base64.b64decode(re.search(r'base64,([^"]+)', bundle['text/html']).group(1)).decode()
+  assert 'click to open' in digraph.source  # the Explorer's drawing, where a click opens
+  assert 'click to open' not in image and 'click (or pass' not in image
+  assert 'opens with expand=' in image and 'pass this id in expand= to open it' in image
 
 
 def test_static_view_without_widgets(problem):

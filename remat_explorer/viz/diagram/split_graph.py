@@ -54,11 +54,17 @@ class SplitDigraph(graphviz.Digraph):
   only in a trusted notebook (a committed notebook opens as text), and it
   prints ``dot``'s warnings into the cell. This shows the SVG as an
   ``<img>`` in HTML, which the sanitizer of an untrusted notebook keeps, at
-  natural size, with the warnings folded into a note.
+  natural size, with the warnings folded into a note. A click on an image
+  opens nothing, so the image is drawn with the legend and tooltips saying
+  to pass an id in ``expand=`` instead.
   """
 
+  drawing: Diagram | None = None
+  """What it draws (set by ``split_graph``), to draw again for the image."""
+
   def _repr_mimebundle_(self, include=None, exclude=None, **_):
-    diagram = render_diagram(self)
+    image_of = self if self.drawing is None else _emit(self.drawing, opens_on_click=False)
+    diagram = render_diagram(image_of)
     image = svg_img_html(diagram.svg) if diagram.svg else ''
     return {'text/html': image + diagram.notes_html, 'text/plain': repr(self)}
 
@@ -132,6 +138,7 @@ def _emit(diagram: Diagram, opens_on_click: bool = True) -> SplitDigraph:
   for e in diagram.edges:
     g.edge(e.src, e.dst, **_edge_attrs(e))
   _legend(g, opens_on_click)
+  g.drawing = diagram
   return g
 
 
