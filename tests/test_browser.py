@@ -440,7 +440,27 @@ def test_explorer_in_jupyterlab(lab, browser, tmp_path):
   assert shot.stat().st_size > 10_000
   if os.environ.get('REMAT_UPDATE_SCREENSHOT') == '1':
     shutil.copyfile(shot, DOCS_SCREENSHOT)
+  _check_compare_tab_is_readable(page, explorer)
   page.close()
+
+
+def _check_compare_tab_is_readable(page, explorer):
+  """With the file browser open (a cell about 1000 px wide at a 1440-px
+  window), the Compare tab's table fits the cell, no row more than six
+  lines tall, and its charts show at their natural size."""
+  from remat_explorer.viz.charts._figures import MIN_TEXT_PX
+  page.evaluate('window.jupyterapp.shell.expandLeft()')
+  explorer.get_by_role('tab', name='Compare').click()
+  explorer.locator('.remat-comparison-table').wait_for(timeout=30_000)
+  selector = f'{_panel(page)} .remat-explorer'
+  cell = page.evaluate("(s) => document.querySelector(s).getBoundingClientRect().width",
+                       selector)
+  assert 800 < cell < 1200, cell  # the cell this check is about
+  _check_fits(page, selector, 'the Compare tab in JupyterLab')
+  images = _chart_scales(page, selector)['images']
+  assert len(images) >= 2
+  for alt, scale, natural in images:
+    assert scale * MIN_TEXT_PX >= 11, (alt, scale, natural)
 
 
 def test_explorer_in_the_classic_notebook(classic_notebook, browser):
@@ -723,12 +743,9 @@ def test_explorer_costs_list_what_is_live_at_the_peak(lab, browser):
   page.close()
 
 
-def test_static_report_pans_and_zooms_its_diagram(browser, tmp_path):
-  from remat_explorer import examples
-  from remat_explorer.analysis import compare
+def test_static_report_pans_and_zooms_its_diagram(browser, tmp_path, long_label_comparison):
   from remat_explorer.viz.html.html_report import report_html
-  loss_fn, args = examples.mlp(num_layers=3, width=32, batch=8)
-  comparison = compare(loss_fn, *args)
+  comparison = long_label_comparison
   path = tmp_path / 'report.html'
   path.write_text(report_html(comparison, comparison.row('dots_saveable').report))
   page = browser.new_page(viewport={'width': 1440, 'height': 900})
@@ -736,7 +753,8 @@ def test_static_report_pans_and_zooms_its_diagram(browser, tmp_path):
   page.on('pageerror', lambda e: errors.append(str(e)))
   page.goto(path.as_uri())
   assert page.locator('svg g.cluster').count() >= 2
-  _check_viewer(page, page.locator('.remat-viewer').first)
+  # The diagram of the policy shown in detail is open.
+  _check_viewer(page, page.locator('details[open] .remat-viewer').first)
   charts = page.locator('img.chart')
   assert charts.count() >= 3
   widths = page.evaluate(
@@ -752,5 +770,233 @@ def test_static_report_pans_and_zooms_its_diagram(browser, tmp_path):
   timeline.scroll_into_view_if_needed()
   _check_timeline_hover(page, timeline,
                         lambda step: live_at_peak(row.report, row.costs, step)[0].buffer)
+  assert errors == []
+  page.close()
+
+
+# -- static pages at a 1440-px window: tables, charts, the report's diagrams ------------
+# Plain pages (the widget's HTML with its style, the report's file), no
+# JupyterLab: each check takes seconds.
+
+LONG_NAMES = ('attention_scores_of_the_first_block', 'mlp_hidden_activation',
+              'layer_norm_output_of_the_second_block', 'residual_stream_after_attention')
+LONG_LABEL = 'save_only_these_names(' + ', '.join(map(repr, LONG_NAMES)) + ')'
+_WINDOW = {'width': 1440, 'height': 900}
+MAX_ROW_LINES = 6
+
+
+def _raising_policy(prim, *_, **params):
+  raise KeyError(f'no rule for {prim}')
+
+
+@pytest.fixture(scope='module')
+def long_label_comparison():
+  """A small MLP under two built-in policies, one with a long label (what a
+  searched policy's label looks like) and one that fails; the long one's
+  row carries a long note whose module path has no space, as XLA's
+  "largest residuals" lines do."""
+  import dataclasses
+  import remat_explorer as rx
+  from remat_explorer import examples
+  from remat_explorer.analysis import compare
+  loss_fn, args = examples.mlp(num_layers=3, width=32, batch=8)
+  comparison = compare(loss_fn, *args, policies={
+      'dots_saveable': 'dots_saveable', 'nothing_saveable': 'nothing_saveable',
+      LONG_LABEL: rx.checkpoint_policies.save_only_these_names(*LONG_NAMES),
+      'raises': _raising_policy})
+  path = '/'.join(['a_rather_deeply_nested_package'] * 3) + '/model.py:123:4'
+  note = ("compiled peak 56,165,404 bytes is not below no remat's 56,165,404 bytes. "
+          f'Largest residuals besides arguments: float32[4,8,64,512] output of scan from '
+          f'{path} (loss_fn) (×6); float32[4,8,4,64,64] output of scan from {path} (×2)')
+  rows = tuple(dataclasses.replace(r, warnings=r.warnings + (note,))
+               if r.label == LONG_LABEL else r for r in comparison.rows)
+  assert any(r.failed for r in rows)
+  return dataclasses.replace(comparison, rows=rows)
+
+
+def _widget_page(page, html: str, width: int) -> str:
+  """`html` as the Explorer shows it: with its style (and the timeline's,
+  which its Costs view carries), in a box `width` px wide (a notebook
+  cell's output) at JupyterLab's font size. Returns the box's selector."""
+  from remat_explorer.viz.html.timeline_html import timeline_css
+  from remat_explorer.viz.widget import _panels
+  page.set_content('<!DOCTYPE html><html><head><meta charset="utf-8"></head>'
+                   '<body style="margin:8px;font-family:system-ui,sans-serif;font-size:14px">'
+                   f'{_panels.CSS}<style>{timeline_css()}</style>'
+                   f'<div class="remat-explorer" style="width:{width}px">'
+                   f'{html}</div></body></html>')
+  return '.remat-explorer'
+
+
+_LAYOUT = """(selector) => {
+  // What sticks out of the box (elements clipped by a scroller inside it,
+  // or not shown, aside), and each table row's height in lines of its text.
+  const box = document.querySelector(selector);
+  const right = box.getBoundingClientRect().right;
+  const clipped = (e) => {
+    for (let a = e.parentElement; a && a !== box; a = a.parentElement)
+      if (getComputedStyle(a).overflowX !== 'visible') return true;
+    return false;
+  };
+  const beyond = Array.from(box.querySelectorAll('*')).filter((e) => {
+    const r = e.getBoundingClientRect();
+    return r.width > 0 && r.right > right + 1 && !clipped(e);
+  }).map((e) => `${e.tagName}.${e.className}: ${e.textContent.slice(0, 60)}`);
+  const rows = [];
+  for (const tr of box.querySelectorAll('table.remat-table tbody tr')) {
+    let lines = 0;
+    for (const td of tr.cells) {
+      const style = getComputedStyle(td);
+      const inner = td.clientHeight - parseFloat(style.paddingTop)
+          - parseFloat(style.paddingBottom);
+      const probe = document.createElement('div');  // one line box of the cell's text
+      probe.textContent = 'x';
+      td.appendChild(probe);
+      const line = probe.getBoundingClientRect().height;
+      probe.remove();
+      lines = Math.max(lines, line ? inner / line : 0);
+    }
+    rows.push([tr.cells[0].textContent.slice(0, 40), Math.round(lines * 10) / 10]);
+  }
+  return {scroll: [box.scrollWidth, box.clientWidth],
+          page: [document.documentElement.scrollWidth, document.documentElement.clientWidth],
+          beyond, rows};
+}"""
+
+
+def _check_fits(page, selector: str, what: str) -> dict:
+  layout = page.evaluate(_LAYOUT, selector)
+  assert layout['scroll'][0] <= layout['scroll'][1], (what, layout['scroll'])
+  assert layout['page'][0] <= layout['page'][1], (what, layout['page'])
+  assert layout['beyond'] == [], (what, layout['beyond'][:5])
+  tall = [row for row in layout['rows'] if row[1] > MAX_ROW_LINES]
+  assert layout['rows'] and tall == [], (what, tall)
+  return layout
+
+
+def test_tables_fit_their_container_with_a_long_label_and_note(browser, tmp_path,
+                                                                long_label_comparison):
+  """The comparison, residual and live-buffer tables, with a policy label
+  of 150 characters and a note of 450 (as long as XLA's) whose path has no
+  space, stay inside a 1000-px cell and a 900-px one at a 1440-px window,
+  in the Explorer's style, and inside the report's page at 1440 and 1000
+  px; no row of a comparison or residual table is more than six lines
+  tall."""
+  from remat_explorer.viz.html.html_report import report_html
+  from remat_explorer.viz.html.tables import comparison_table_html, residual_table_html
+  from remat_explorer.viz.widget._panels import costs_html
+  comparison = long_label_comparison
+  long_row = comparison.row(LONG_LABEL)
+  # The Compare, Residuals and Costs tabs' tables (the last with what is
+  # live at the peak: module paths, source lines).
+  tables_html = (comparison_table_html(comparison) + residual_table_html(long_row.report)
+                 + costs_html(LONG_LABEL, 'barrier', long_row.costs, comparison.baseline.costs,
+                              long_row.report))
+  page = browser.new_page(viewport=_WINDOW)
+  for width in (1000, 900):
+    _check_fits(page, _widget_page(page, tables_html, width), f'widget {width} px')
+    text = page.inner_text('.remat-comparison-table')
+    assert LONG_LABEL in text.replace('\n', ' ')  # whole, in its notes row
+    assert 'a_rather_deeply_nested_package/' in text
+  path = tmp_path / 'report.html'
+  path.write_text(report_html(comparison, long_row.report))
+  for width in (1440, 1000):
+    page.set_viewport_size({'width': width, 'height': 900})
+    page.goto(path.as_uri())
+    layout = _check_fits(page, 'body', f'report at {width} px')
+    assert len(layout['rows']) >= len(comparison.rows)
+  page.close()
+
+
+def _chart_scales(page, selector: str) -> list:
+  """Each chart image's displayed width over its natural width, and each
+  timeline text's size on screen (px)."""
+  return page.evaluate("""(selector) => {
+    const box = document.querySelector(selector);
+    const images = Array.from(box.querySelectorAll('img.chart')).map(
+        (i) => [i.alt, i.width / i.naturalWidth, i.naturalWidth]);
+    const texts = Array.from(box.querySelectorAll('svg.remat-timeline-chart text'))
+        .filter((t) => t.getBoundingClientRect().width > 0 && t.textContent.trim())
+        .map((t) => {  // (a rotated label's scale is the length of its x axis)
+          const m = t.getScreenCTM();
+          return [t.textContent.slice(0, 30),
+                  parseFloat(getComputedStyle(t).fontSize) * Math.hypot(m.a, m.b)];
+        });
+    return {images, texts};
+  }""", selector)
+
+
+def test_chart_text_is_at_least_11_px_as_displayed(browser, tmp_path, long_label_comparison):
+  """Every chart of the report at a 1440-px window and at 900 px, and of
+  the Explorer's Compare and Residuals tabs in a 900-px cell, is shown at
+  its natural size or near it: its scale times the smallest text it was
+  drawn with (``_figures.MIN_TEXT_PX``, which test_viz checks against every
+  text of every chart) is at least 11 px; so is every text of the memory
+  timeline (the Costs tab's and the report's) on screen."""
+  from remat_explorer.viz.charts._figures import MIN_TEXT_PX, chart_img
+  from remat_explorer.viz.charts.costs import plot_residuals_by_origin
+  from remat_explorer.viz.html.html_report import report_html
+  from remat_explorer.viz.widget._panels import costs_html
+  from remat_explorer.viz.widget.explorer import _comparison_html
+  comparison = long_label_comparison
+  row = comparison.row('dots_saveable')
+  path = tmp_path / 'report.html'
+  path.write_text(report_html(comparison, row.report))
+  page = browser.new_page(viewport=_WINDOW)
+  shown = {}
+  for width in (1440, 900):
+    page.set_viewport_size({'width': width, 'height': 900})
+    page.goto(path.as_uri())
+    shown[f'report at {width} px'] = _chart_scales(page, 'body')
+  tabs = (_comparison_html(comparison, row.label, None)
+          + chart_img(plot_residuals_by_origin(row.report), 'residual bytes by origin')
+          + costs_html(row.label, 'barrier', row.costs, comparison.baseline.costs, row.report))
+  page.set_viewport_size(_WINDOW)
+  shown['widget in 900 px'] = _chart_scales(page, _widget_page(page, tabs, 900))
+  for where, found in shown.items():
+    assert len(found['images']) >= 3 and found['texts'], where
+    for alt, scale, natural in found['images']:
+      assert scale * MIN_TEXT_PX >= 11, (where, alt, scale, natural)
+    smallest = min(found['texts'], key=lambda t: t[1])
+    assert smallest[1] >= 11, (where, smallest)
+  page.close()
+
+
+def test_report_opens_each_policys_diagram_on_click(browser, tmp_path, long_label_comparison):
+  """Every policy that compiled has its diagram in the report: a click on
+  its name opens it (the SVG shows in the viewer), another closes it. The
+  failed policy says why it has none."""
+  from remat_explorer.viz.html.html_report import report_html
+  comparison = long_label_comparison
+  path = tmp_path / 'report.html'
+  path.write_text(report_html(comparison, comparison.row('dots_saveable').report))
+  page = browser.new_page(viewport=_WINDOW)
+  errors = []
+  page.on('pageerror', lambda e: errors.append(str(e)))
+  page.goto(path.as_uri())
+  entries = page.locator('details.remat-diagram')
+  named = []
+  for i in range(entries.count()):
+    entry = entries.nth(i)
+    summary = entry.locator('summary')
+    labels = entry.locator('summary .remat-policy').all_inner_texts()
+    named += labels
+    layer = entry.locator('.remat-zoom-layer')
+    if entry.evaluate('(e) => e.open'):
+      assert 'dots_saveable' in labels  # the policy shown in detail starts open
+      summary.click()
+      assert not entry.evaluate('(e) => e.open') and not layer.is_visible()
+    summary.click()
+    layer.wait_for(state='visible', timeout=10_000)
+    box = entry.locator('.remat-viewer-stage svg').bounding_box()
+    assert box['width'] > 300 and box['height'] > 100, (labels, box)
+    # Placed once it had a size: at the natural scale, with node labels in view.
+    page.wait_for_function('(e) => /scale/.test(e.getAttribute("transform") || "")',
+                           arg=layer.element_handle(), timeout=10_000)
+    assert entry.locator('g.node text').first.is_visible(), labels
+  compiled = [r.label for r in comparison.rows if not r.failed]
+  assert sorted(named) == sorted(compiled)
+  failed = [r for r in comparison.rows if r.failed]
+  assert failed and all(f'No diagram for {r.label}' in page.inner_text('body') for r in failed)
   assert errors == []
   page.close()

@@ -1,6 +1,8 @@
 """Charts, tables, the HTML report, the command line and the Explorer widget,
 checked for what they show on small example models."""
 
+import dataclasses
+import html as html_module
 import re
 import subprocess
 import sys
@@ -261,6 +263,61 @@ def test_per_device_memory_chart_of_a_one_device_comparison(comparison):
     assert max(ends) == pytest.approx(sum(charts.costs_breakdown(row.costs).values()) / scale)
 
 
+def _every_chart(comparison):
+  """Each chart function's figure on `comparison`, by name."""
+  compiled = {r.label: r.costs for r in comparison.rows if not r.failed}
+  return {
+      'pareto': viz.plot_pareto(comparison, selected=comparison.rows[0].label),
+      'breakdown': viz.plot_memory_breakdown(comparison),
+      'per device': viz.plot_per_device_memory(comparison),
+      'residuals': viz.plot_residuals_by_origin(comparison.rows[0].report),
+      'timeline, two': viz.plot_memory_timeline(dict(list(compiled.items())[:2])),
+      'timeline, panels': viz.plot_memory_timeline(compiled, reference='no remat'),
+  }
+
+
+MIN_DISPLAYED_TEXT_PX = 11
+CELL_PX = 900
+"""The narrowest JupyterLab cell output at a 1440-px window: a chart no
+wider is shown unscaled there."""
+
+
+@pytest.mark.parametrize('chart', ['pareto', 'breakdown', 'per device', 'residuals',
+                                   'timeline, two', 'timeline, panels'])
+def test_every_chart_text_is_readable_at_the_size_it_is_shown(comparison, chart):
+  """Every text a chart draws (titles, ticks, legends, labels, footnotes)
+  is at least 11 px at the figure's own dpi, and the figure is no wider
+  than a notebook cell, so neither a notebook (IPython draws a figure at
+  its dpi) nor the report (``chart_img``, at its natural size) shows it
+  smaller. A long policy label (a searched policy's) is among the rows."""
+  import base64
+  import struct
+  import matplotlib
+  from IPython.core.pylabtools import print_figure
+  from matplotlib.text import Text
+  from remat_explorer.viz.charts._figures import chart_img
+  long_label = ("save_only_these_names('attention_scores_of_the_first_block', "
+                "'mlp_hidden_activation', 'layer_norm_output_of_the_second_block')")
+  rows = list(comparison.rows)
+  rows[-1] = dataclasses.replace(rows[-1], label=long_label)
+  # A notebook may lower matplotlib's dpi to keep its images light: the
+  # charts keep their own.
+  with matplotlib.rc_context({'figure.dpi': 72}):
+    fig = _every_chart(dataclasses.replace(comparison, rows=tuple(rows)))[chart]
+  fig.draw_without_rendering()  # tick labels exist once drawn
+  texts = [t for t in fig.findobj(Text) if t.get_text().strip()]
+  assert len(texts) >= 5, chart
+  smallest = min(texts, key=lambda t: t.get_fontsize())
+  assert smallest.get_fontsize() * fig.dpi / 72 >= MIN_DISPLAYED_TEXT_PX, (
+      chart, smallest.get_text(), smallest.get_fontsize(), fig.dpi)
+  for png in (base64.b64decode(chart_img(fig).split('base64,')[1].split('"')[0]),
+              print_figure(fig, 'png')):  # the report's, a notebook's
+    width = struct.unpack('>I', png[16:20])[0]
+    assert 400 < width <= CELL_PX, (chart, width)
+  # The report and the widget never scale the image down.
+  assert 'style="max-width:none"' in chart_img(fig)
+
+
 # -- tables -----------------------------------------------------------------------
 
 def test_residual_table_lists_each_residual_sorted(problem):
@@ -279,10 +336,27 @@ def test_residual_table_lists_each_residual_sorted(problem):
 
 def test_comparison_table_has_a_row_per_policy(comparison):
   html = viz.comparison_table_html(comparison)
-  assert html.count('<tr') - 1 == len(comparison.rows)  # minus the header
-  assert html.count('class="pareto"') == len(comparison.pareto_front)
+  notes = html.count('<tr class="remat-notes">')
+  assert notes == sum(1 for r in comparison.rows if tables.row_note(r))
+  assert html.count('<tr') - 1 - notes == len(comparison.rows)  # minus the header
+  assert len(re.findall(r'<tr class="pareto\b', html)) == len(comparison.pareto_front)
   for row in comparison.rows:
     assert tables.html_text(row.label) in html
+
+
+def test_a_long_label_is_cut_in_its_cell_and_whole_under_its_row(comparison):
+  names = ', '.join(repr(f'a_value_named_at_length_{i}') for i in range(6))
+  long_label = f'save_only_these_names({names})'
+  rows = [dataclasses.replace(r, label=long_label) if i == 2 else r
+          for i, r in enumerate(comparison.rows)]
+  html = viz.comparison_table_html(dataclasses.replace(comparison, rows=tuple(rows)))
+  cell = re.search(r'<td class="remat-label">(save_only[^<]*)</td>', html).group(1)
+  shown = tables.html_text(long_label)
+  assert shown.startswith(cell[:-1]) and cell.endswith('…')
+  assert len(html_module.unescape(cell)) == tables.LABEL_CHARS < len(long_label)
+  notes = re.search(rf'<tr[^>]*><td class="remat-label">{re.escape(cell)}</td>.*?</tr>'
+                    r'<tr class="remat-notes"><td colspan="\d+">(.*?)</td></tr>', html)
+  assert notes.group(1).startswith(f'policy {shown}')
 
 
 def test_jaxpr_listing_marks_the_residuals():
@@ -326,8 +400,11 @@ def test_report_opens_with_as_written_and_the_recommended_policy(comparison):
   assert summary.index('<b>as written</b>') < summary.index('ecommend')
   # No warning box comes before the table: each row's warning is in its notes.
   assert 'class="warning"' not in document[:document.index('<h2>Policies compared</h2>')]
-  assert ('<h2>Split under as written</h2>' in document
-          and 'Shown in detail: as written (the program as written)' in document)
+  assert ('<h2>Split diagrams</h2>' in document
+          and 'below): as written (the program as written)' in document)
+  # Its diagram is the one open.
+  opened = re.findall(r'<details class="remat-diagram" open><summary>(.*?)</summary>', document)
+  assert len(opened) == 1 and '<span class="remat-policy">as written</span>' in opened[0]
 
 
 def _unrolled_mlp(num_layers=6, width=64, batch=32):
@@ -368,13 +445,21 @@ def test_report_has_every_section(comparison):
   report = comparison.row('dots_saveable').report
   document = viz.report_html(comparison, report)
   for heading in ('Policies compared', 'Memory along the compiled schedule',
-                  'Split under dots_saveable', 'Residuals under dots_saveable', 'Program'):
+                  'Split diagrams', 'Residuals under dots_saveable', 'Program'):
     assert f'<h2>{heading}</h2>' in document
   assert document.count('<img class="chart"') >= 4
   assert '<svg' in document and 'cluster' in document
-  # The diagram sits in the pan-and-zoom viewer, whose script is inlined:
-  # nothing is fetched (no CDN), once per document.
-  assert document.count('class="remat-viewer-static"') == 1
+  # Every policy's diagram sits in a pan-and-zoom viewer in a <details> that
+  # names it (policies whose drawings are the same share one), and the
+  # legend says what opens a group on this page; the viewer's script is
+  # inlined: nothing is fetched (no CDN), once per document.
+  summaries = re.findall(r'<details class="remat-diagram"[^>]*><summary>(.*?)</summary>',
+                         document)
+  named = [label for summary in summaries
+           for label in re.findall(r'<span class="remat-policy">(.*?)</span>', summary)]
+  assert sorted(named) == sorted(tables.html_text(r.label) for r in comparison.rows)
+  assert document.count('class="remat-viewer-static"') == len(summaries) > 1
+  assert 'opens with expand=' in document and 'click to open' not in document
   # Each script once: the viewer's and the timeline's.
   assert document.count('<script>') == 2 and document.count('mountStatic(document)') == 1
   assert document.count('mountTimelines(document);') == 1
@@ -419,8 +504,10 @@ def test_command_line_report(tmp_path):
   assert 'wrote' in run.stdout
   document = out.read_text()
   shown = "save_only_these_names(&#x27;pre_activation&#x27;)"
-  assert f'<h2>Split under {shown}</h2>' in document
-  assert f'Shown in detail: {shown} (asked for with --policy)' in document
+  assert f'<h2>Residuals under {shown}</h2>' in document
+  assert f'below): {shown} (asked for with --policy)' in document
+  opened = re.findall(r'<details class="remat-diagram" open><summary>(.*?)</summary>', document)
+  assert len(opened) == 1 and f'<span class="remat-policy">{shown}</span>' in opened[0]
   # It opens with the program as written; the shown policy's timeline and
   # what is live at its peak follow the comparison.
   assert document.index('<h2>In short</h2>') < document.index('<h2>Policies compared</h2>')
@@ -638,7 +725,10 @@ def test_comparison_warnings_sit_in_their_rows_once(comparison):
   warned = {r.label: r.warnings for r in comparison.rows if r.warnings}
   assert warned  # on the CPU some policies do not lower the peak
   for label, warnings in warned.items():
-    row = re.search(rf'<tr[^>]*><td>{re.escape(tables.html_text(label))}</td>.*?</tr>', html)
+    # The notes row right after the policy's row.
+    shown = tables.html_text(charts.short_label(label, tables.LABEL_CHARS))
+    row = re.search(rf'<tr[^>]*><td[^>]*>{re.escape(shown)}</td>.*?</tr>'
+                    r'<tr class="remat-notes">.*?</tr>', html)
     for warning in warnings:
       assert row.group(0).count(tables.html_text(warning)) == 1
   # Every warning of the comparison is one of a row's, which the table shows.
@@ -693,9 +783,16 @@ def test_a_click_on_a_collapsed_call_opens_it():
 
 def test_a_split_graph_shows_in_a_notebook_as_an_image(problem):
   # A Digraph's own image/svg+xml is not rendered in an untrusted notebook.
-  bundle = viz.split_graph(analyze(*problem[:1], *problem[1]))._repr_mimebundle_()
+  digraph = viz.split_graph(analyze(*problem[:1], *problem[1]))
+  bundle = digraph._repr_mimebundle_()
   assert set(bundle) == {'text/html', 'text/plain'}
   assert '<img class="diagram"' in bundle['text/html'] and '<svg' not in bundle['text/html']
+  # A click on an image opens nothing: its legend and tooltips say so.
+  import base64
+  image = base64.b64decode(re.search(r'base64,([^"]+)', bundle['text/html']).group(1)).decode()
+  assert 'click to open' in digraph.source  # the Explorer's drawing, where a click opens
+  assert 'click to open' not in image and 'click (or pass' not in image
+  assert 'opens with expand=' in image and 'pass this id in expand= to open it' in image
 
 
 def test_static_view_without_widgets(problem):
@@ -768,8 +865,8 @@ def test_columns_without_data_are_hidden(comparison, problem):
   html = viz.comparison_table_html(comparison)  # compared without running
   assert all(r.run_seconds is None for r in comparison.rows)
   assert '<th>run</th>' not in html and '<th>compile</th>' in html
-  cells = re.search(r'<tr class="pareto">(.*?)</tr>', html).group(1)
-  assert cells.count('<td>') == html.split('<tbody>')[0].count('<th>')
+  cells = re.search(r'<tr class="pareto[^"]*">(.*?)</tr>', html).group(1)
+  assert cells.count('<td') == html.split('<tbody>')[0].count('<th>')
   no_names = analyze(*problem[:1], *problem[1], policy=rx.checkpoint_policies.nothing_saveable)
   assert all(r.name is None for r in no_names.residuals)
   assert '<th>name</th>' not in viz.residual_table_html(no_names)

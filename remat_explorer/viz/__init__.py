@@ -6,12 +6,13 @@
   with pan and zoom (vendored d3-zoom), in the widget and the report.
 * ``plot_memory_breakdown``, ``plot_pareto``, ``plot_residuals_by_origin``,
   ``plot_memory_timeline``, ``plot_per_device_memory``: matplotlib figures
-  of compiled costs.
+  of compiled costs, sized to be shown unscaled (``charts._figures``).
 * ``residual_table_html``, ``comparison_table_html``, ``report_jaxprs_html``,
   ``peak_table_html``: HTML tables and jaxpr listings.
 * ``timeline_view`` / ``timeline_html``: the memory timeline as data and as
   inline SVG whose bands list the buffers live there (hover, click).
-* ``report_html``: a self-contained HTML report.
+* ``report_html``: a self-contained HTML report (every compared policy's
+  split diagram, each opened by a click).
 * ``html.snapshot.snapshot_html``: the Explorer as static HTML (images of
   SVG, tables, text) for where widgets do not run; the Explorer's output
   carries it beside the widget (``widget.notebook_output``).

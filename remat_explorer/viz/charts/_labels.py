@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 from matplotlib.transforms import Bbox
 
+from remat_explorer.viz.charts._figures import SMALL_FONT
+
 # Offsets in points around a point: right, left, above, below, then further.
 _OFFSETS = [(6, 3, 'left', 'bottom'), (6, -3, 'left', 'top'), (-6, 3, 'right', 'bottom'),
             (-6, -3, 'right', 'top'), (0, 8, 'center', 'bottom'), (0, -8, 'center', 'top'),
@@ -59,7 +61,8 @@ def group_points(points: list[tuple[str, float, float]], *,
   return groups
 
 
-def label_points(ax, groups: list[PointGroup], *, fontsize: float = 8) -> list[str]:
+def label_points(ax, groups: list[PointGroup], *,
+                 fontsize: float = SMALL_FONT) -> list[str]:
   """Label every group's point on `ax`; returns the footnote lines
   (``'1: a, b'``) of those that got a number, already drawn under the axes.
 

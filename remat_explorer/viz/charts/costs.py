@@ -20,8 +20,9 @@ from remat_explorer.analysis.xla.compiled import CompiledCosts
 from remat_explorer.analysis.split.report import RematReport
 from remat_explorer.analysis.program.devices import mesh_text
 from remat_explorer.viz.charts import _labels
-from remat_explorer.viz.charts._figures import (legend_below, legend_outside, literal_text,
-                                         new_figure, short_label, unit_name)
+from remat_explorer.viz.charts._figures import (MAX_WIDTH_INCHES, SMALL_FONT, legend_below,
+                                                legend_outside, literal_text, new_figure,
+                                                short_label, unit_name)
 from remat_explorer.viz.text import byte_unit, flop_unit, format_bytes, format_flops
 
 BREAKDOWN_PARTS = ('arguments', 'outputs', 'residuals at peak', 'other temporaries')
@@ -68,7 +69,7 @@ def plot_memory_breakdown(comparison: Comparison) -> Figure:
   failed = [r.label for r in comparison.rows if r.failed]
   if failed:
     # Above the axes: the space below holds the legend.
-    fig.suptitle('failed to compile: ' + ', '.join(failed), fontsize='small',
+    fig.suptitle('failed to compile: ' + ', '.join(failed), fontsize=SMALL_FONT,
                  color='#b00020', x=0.01, ha='left')
   return fig
 
@@ -118,7 +119,7 @@ def plot_per_device_memory(costs: Comparison | Mapping[str, CompiledCosts]) -> F
   left, scale = _stacked_breakdown_bars(ax, [costs_breakdown(c) for c in shown.values()])
   for i, total in enumerate(left):
     ax.annotate(format_bytes(total * scale), (total, i), xytext=(3, 0),
-                textcoords='offset points', va='center', fontsize=8)
+                textcoords='offset points', va='center', fontsize=SMALL_FONT)
   ax.set_xlim(0, max(left, default=1) * 1.15 or 1)  # room for the totals
   # Devices and mesh go on each bar where they differ, else in the title.
   placements = {(c.num_devices, c.mesh_shape) for c in shown.values()}
@@ -135,7 +136,7 @@ def plot_per_device_memory(costs: Comparison | Mapping[str, CompiledCosts]) -> F
   failed = [k for k, c in costs.items() if c.failed]
   if failed:
     # Above the axes: the space below holds the legend.
-    fig.suptitle('failed to compile: ' + ', '.join(failed), fontsize='small',
+    fig.suptitle('failed to compile: ' + ', '.join(failed), fontsize=SMALL_FONT,
                  color='#b00020', x=0.01, ha='left')
   return fig
 
@@ -160,7 +161,7 @@ def plot_pareto(comparison: Comparison, *, selected: str | None = None,
   outside the data.
   """
   points = pareto_points(comparison)
-  fig = new_figure(figsize=(9, 5))
+  fig = new_figure(figsize=(MAX_WIDTH_INCHES, 5))
   ax = fig.add_subplot()
   extra = [] if search_result is None else [(search_result.peak_bytes, search_result.flops)]
   mem_scale = byte_unit(max([p[1] for p in points] + [m for m, _ in extra], default=1))
@@ -225,7 +226,7 @@ def plot_residuals_by_origin(report: RematReport) -> Figure:
   ax.invert_yaxis()
   for i, b in enumerate(groups.values()):
     ax.annotate(format_bytes(b), (b / scale, i), xytext=(3, 0), textcoords='offset points',
-                va='center', fontsize=8)
+                va='center', fontsize=SMALL_FONT)
   ax.set_xlabel(f'residual bytes ({unit_name(format_bytes(scale))})')
   total = format_bytes(sum(groups.values()))
   ax.set_title(f'{report.function} · {report.policy}: {total} of residuals')

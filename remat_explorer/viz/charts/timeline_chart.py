@@ -20,8 +20,9 @@ from matplotlib.transforms import blended_transform_factory
 
 from remat_explorer.analysis.xla.compiled import CompiledCosts
 from remat_explorer.analysis.xla.timeline import MemoryTimeline
-from remat_explorer.viz.charts._figures import (cycle_colors, legend_outside, literal_text,
-                                         new_figure, short_label, unit_name)
+from remat_explorer.viz.charts._figures import (MAX_WIDTH_INCHES, SMALL_FONT, cycle_colors,
+                                                legend_outside, literal_text, new_figure,
+                                                short_label, unit_name)
 from remat_explorer.viz.text import byte_unit, format_bytes
 from remat_explorer.viz.charts.timeline_view import PASS_COLORS, forward_backward_boundary
 
@@ -54,9 +55,11 @@ def plot_memory_timeline(costs_by_label: Mapping[str, CompiledCosts], *,
     return _overlaid(shown, scale, title)
   ref = shown.get(reference)
   panels = {k: c for k, c in shown.items() if k != reference}
-  cols = 2 if len(panels) <= 4 else 3
+  # Two columns at most: a third would make each panel too small to read
+  # at the charts' widest (``_figures``).
+  cols = 2
   rows = -(-len(panels) // cols)
-  fig = new_figure(figsize=(4.2 * cols, 2.6 * rows + 0.8))
+  fig = new_figure(figsize=(MAX_WIDTH_INCHES, 2.6 * rows + 0.8))
   axes = fig.subplots(rows, cols, sharey=True, squeeze=False).ravel()
   for ax, (label, costs) in zip(axes, panels.items()):
     if ref is not None:
@@ -77,7 +80,7 @@ def plot_memory_timeline(costs_by_label: Mapping[str, CompiledCosts], *,
 
 
 def _overlaid(shown: dict[str, CompiledCosts], scale: float, title: str) -> Figure:
-  fig = new_figure(figsize=(9, 4.5))
+  fig = new_figure(figsize=(MAX_WIDTH_INCHES, 4.5))
   ax = fig.add_subplot()
   first = next(iter(shown.values())).timeline if shown else None
   for (label, costs), color in zip(shown.items(), cycle_colors(len(shown))):
@@ -105,7 +108,7 @@ def _draw(ax, timeline: MemoryTimeline, onto: MemoryTimeline, scale: float, colo
   ax.scatter([px], [py], color=color, zorder=3, s=25)
   if mark_peak:
     ax.annotate(f'peak {format_bytes(timeline.peak_bytes)}', (px, py), xytext=(0, 5),
-                textcoords='offset points', ha='center', va='bottom', fontsize=8,
+                textcoords='offset points', ha='center', va='bottom', fontsize=SMALL_FONT,
                 color=color)
 
 

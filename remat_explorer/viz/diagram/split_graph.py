@@ -56,23 +56,34 @@ class SplitDigraph(graphviz.Digraph):
   only in a trusted notebook (a committed notebook opens as text), and it
   prints ``dot``'s warnings into the cell. This shows the SVG as an
   ``<img>`` in HTML, which the sanitizer of an untrusted notebook keeps, at
-  natural size, with the warnings folded into a note.
+  natural size, with the warnings folded into a note. A click on an image
+  opens nothing, so the image is drawn with the legend and tooltips saying
+  to pass an id in ``expand=`` instead.
   """
 
+  drawing: Diagram | None = None
+  """What it draws (set by ``split_graph``), to draw again for the image."""
+
   def _repr_mimebundle_(self, include=None, exclude=None, **_):
-    diagram = render_diagram(self)
+    image_of = self if self.drawing is None else _emit(self.drawing, opens_on_click=False)
+    diagram = render_diagram(image_of)
     image = svg_img_html(diagram.svg) if diagram.svg else ''
     return {'text/html': image + diagram.notes_html, 'text/plain': repr(self)}
 
 
 def split_graph(report: RematReport, *, block: str | None = None,
-                max_nodes: int = 300, expand: Iterable[str] = ()) -> SplitDigraph:
+                max_nodes: int = 300, expand: Iterable[str] = (),
+                opens_on_click: bool = True) -> SplitDigraph:
   """The split of `report`'s remat blocks as a ``graphviz.Digraph``
   (``SplitDigraph``: shown in a notebook as an image).
 
-  The drawing of ``split_diagram(report, ...)``; the arguments are its.
+  The drawing of ``split_diagram(report, ...)``; the other arguments are
+  its. `opens_on_click`: whether the page showing it opens a group on a
+  click (the Explorer does); where it does not (the static report), the
+  legend and tooltips say to pass the group's id in ``expand=`` instead.
   """
-  return _emit(split_diagram(report, block=block, max_nodes=max_nodes, expand=expand))
+  return _emit(split_diagram(report, block=block, max_nodes=max_nodes, expand=expand),
+               opens_on_click)
 
 
 def split_diagram(report: RematReport, *, block: str | None = None,
@@ -110,7 +121,7 @@ def split_diagram(report: RematReport, *, block: str | None = None,
 
 # -- Graphviz ------------------------------------------------------------------
 
-def _emit(diagram: Diagram) -> SplitDigraph:
+def _emit(diagram: Diagram, opens_on_click: bool = True) -> SplitDigraph:
   title = html_text(diagram.title)
   notes = ''.join(f'<br/><font point-size="10">{html_text(n)}</font>' for n in diagram.notes)
   g = SplitDigraph(
@@ -126,28 +137,29 @@ def _emit(diagram: Diagram) -> SplitDigraph:
       c.attr(label=f'<<b>{html_text(top.title)}</b>>', style='filled', fillcolor=fill,
              color='#999999')
       for child in top.children:
-        _emit_section(c, child)
+        _emit_section(c, child, opens_on_click)
   for e in diagram.edges:
     g.edge(e.src, e.dst, **_edge_attrs(e))
-  _legend(g)
+  _legend(g, opens_on_click)
+  g.drawing = diagram
   return g
 
 
-def _emit_section(g: graphviz.Digraph, section: Section) -> None:
+def _emit_section(g: graphviz.Digraph, section: Section, opens_on_click: bool) -> None:
   with g.subgraph(name=f'cluster_{section.id}') as c:
     # The cluster's id is its group's: a click on an opened group closes it.
-    closes = '/' in section.id or section.id.endswith('_body')
+    closes = opens_on_click and ('/' in section.id or section.id.endswith('_body'))
     c.attr(label=f'<{html_text(section.title)}>', style='rounded,filled',
            fillcolor='#ffffff80', color='#777777', fontsize='11', id=section.id,
            tooltip=graphviz.escape(html_text(
                f'{section.id} · click to close' if closes else section.title)))
     for node in section.nodes.values():
-      c.node(node.id, **_node_attrs(node))
+      c.node(node.id, **_node_attrs(node, opens_on_click))
     for child in section.children:
-      _emit_section(c, child)
+      _emit_section(c, child, opens_on_click)
 
 
-def _node_attrs(node: Node) -> dict[str, str]:
+def _node_attrs(node: Node, opens_on_click: bool = True) -> dict[str, str]:
   lines = [html_text(node.lines[0])]
   if node.name is not None:
     lines.append(f'<b>“{html_text(node.name)}”</b>')
@@ -171,19 +183,20 @@ def _node_attrs(node: Node) -> dict[str, str]:
   elif node.kind == 'group':
     style += ',bold'
   attrs = dict(label=f'<{"<br/>".join(lines)}>', shape=SHAPES[node.kind],
-               fillcolor=fill, style=style, id=node.id, tooltip=_tooltip(node),
+               fillcolor=fill, style=style, id=node.id, tooltip=_tooltip(node, opens_on_click),
                **{'class': ' '.join(classes)})
   if node.expanded:
     attrs['peripheries'] = '2'
   return attrs
 
 
-def _tooltip(node: Node) -> str:
+def _tooltip(node: Node, opens_on_click: bool) -> str:
   """Plain-text attribute: HTML-escaped (dot keeps entities as they are in
   SVG) and backslash-escaped (dot reads escape sequences like \\N)."""
   parts = [f'id {node.id}']
   if node.opens and not node.expanded:
-    parts.append('click (or pass this id in expand=) to open it')
+    parts.append('click (or pass this id in expand=) to open it' if opens_on_click
+                 else 'pass this id in expand= to open it')
   if node.equations > 1:
     parts.append(f'{node.equations} equations, {format_flops(node.flops)}')
   parts += node.details
@@ -208,9 +221,10 @@ def _edge_attrs(e: Edge) -> dict[str, str]:
   return {}
 
 
-def _legend(g: graphviz.Digraph) -> None:
+def _legend(g: graphviz.Digraph, opens_on_click: bool) -> None:
+  opens = 'click to open' if opens_on_click else 'opens with expand='
   entries = [('legend_io', 'input / output', dict(shape='oval', fillcolor=FILLS['input'])),
-             ('legend_group', 'module or function (click to open)',
+             ('legend_group', f'module or function ({opens})',
               dict(shape='box', style='rounded,filled,bold', fillcolor=FILLS['group'])),
              ('legend_eqn', 'equation', dict(shape='box', style='rounded,filled')),
              ('legend_recomputed', 'recomputed in backward',

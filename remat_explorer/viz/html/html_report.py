@@ -1,10 +1,12 @@
 """A self-contained HTML report: one file with the diagrams, charts and tables.
 
 ``report_html`` is a pure function of analysis data (a ``Comparison`` and the
-``RematReport`` of the policy to show in detail); it inlines the split
-diagram as SVG in the pan-and-zoom viewer, the memory timeline of the
-policy shown as SVG with what is live at its peak (their scripts inlined
-too) and the charts as PNG, so the file opens anywhere offline.
+``RematReport`` of the policy to show in detail); it inlines every compared
+policy's split diagram as SVG in the pan-and-zoom viewer, each in a
+``<details>`` that a click on the policy opens (policies whose splits draw
+the same share one), the memory timeline of the policy shown as SVG with
+what is live at its peak (their scripts inlined too) and the charts as PNG
+at their natural size, so the file opens anywhere offline.
 
 It opens with what to take away: the program as written, the policy the
 comparison recommends (``recommended``, its rule in one line), and one line
@@ -20,8 +22,8 @@ from remat_explorer.viz.charts._figures import chart_img
 from remat_explorer.viz.diagram.render import render_diagram
 from remat_explorer.viz.html.layout_tables import nesting_levels_html, scan_layouts_html
 from remat_explorer.viz.diagram.split_graph import split_graph
-from remat_explorer.viz.html.tables import (comparison_table_html, report_jaxprs_html,
-                                       residual_table_html)
+from remat_explorer.viz.html.tables import (TABLE_CSS, comparison_table_html,
+                                            report_jaxprs_html, residual_table_html)
 from remat_explorer.viz.text import format_bytes, format_flops, html_text, unique_lines
 from remat_explorer.viz.html.timeline_html import timeline_assets_html, timeline_html
 from remat_explorer.viz.charts.timeline_view import timeline_view
@@ -31,20 +33,20 @@ RECOMMENDATION_RULE = ('the fewest FLOPs among the policies on the Pareto front 
                        "compiled peak is below no remat's")
 
 _STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px;
-       color: #222; }
+body { font-family: system-ui, sans-serif; margin: 2em auto; padding: 0 1em;
+       max-width: 1200px; color: #222; }
 h1, h2 { font-weight: 600; }
 section { margin-bottom: 2.5em; }
 .note { color: #555; font-size: 0.9em; }
 .warning { background: #fff4e5; border-left: 4px solid #f0a020; padding: 0.5em 1em; }
-img.chart { max-width: 100%; }
 table { border-collapse: collapse; font-size: 0.9em; }
 td, th { border: 1px solid #ddd; padding: 0.25em 0.6em; text-align: left; }
-/* Notes hold paths without spaces: they wrap anywhere rather than widen
-   the table past the page. */
-td:last-child { overflow-wrap: anywhere; min-width: 14em; }
 pre { background: #f7f7f7; padding: 1em; overflow-x: auto; font-size: 0.8em; }
-"""
+details.remat-diagram { margin: 0.3em 0; }
+details.remat-diagram > summary { cursor: pointer; padding: 0.3em 0; font-weight: 600;
+  overflow-wrap: anywhere; }
+details.remat-diagram > summary .note { font-weight: normal; }
+""" + TABLE_CSS
 
 
 def report_html(comparison, report, *, title: str | None = None,
@@ -58,7 +60,6 @@ def report_html(comparison, report, *, title: str | None = None,
   costs_by_label = {r.label: r.costs for r in comparison.rows
                     if not r.failed and r.costs.timeline is not None}
   baseline = comparison.baseline
-  diagram = render_diagram(split_graph(report))
   under = (f'{esc(report.policy)} (lowering {esc(report.lowering)}, '
            f'{esc(comparison.device_kind)})')
   parts = [
@@ -92,12 +93,14 @@ def report_html(comparison, report, *, title: str | None = None,
   shown = selected.label if selected is not None else report.policy
   why = f' ({esc(shown_because)})' if shown_because else ''
   parts += [
-      f'<section><h2>Split under {esc(shown)}</h2>',
-      f'<p class="note">Shown in detail: {esc(shown)}{why}. Policy {under}: '
-      'drag to pan, wheel to zoom, “fit” for the whole diagram.</p>',
-      _warnings_html(report.warnings),
-      '<div class="diagram">',
-      static_viewer_html(diagram.svg) if diagram.svg else '', diagram.notes_html, '</div>',
+      '<section><h2>Split diagrams</h2>',
+      f'<p class="note">Shown in detail (its diagram open, its residuals and program '
+      f'below): {esc(shown)}{why}, policy {under}. A click on a policy opens its split '
+      'diagram, another closes it; an open diagram pans with a drag and zooms with the '
+      'wheel, “fit” shows it whole. Modules and calls are drawn closed: the Explorer '
+      'opens them with a click, <code>split_graph(report, expand=...)</code> by the id '
+      'each one shows on hover.</p>',
+      _diagrams_html(comparison, report, selected),
       nesting_levels_html(report),
       '</section>',
       f'<section><h2>Residuals under {esc(shown)}</h2>',
@@ -110,6 +113,42 @@ def report_html(comparison, report, *, title: str | None = None,
       '</body></html>',
   ]
   return '\n'.join(parts)
+
+
+def _diagrams_html(comparison, report, selected) -> str:
+  """A ``<details>`` per split diagram of the compared policies, the one of
+  `report` open; policies whose diagrams draw the same (the program as
+  written and the built-in policy it uses) share one, so the page carries
+  each SVG once. A failed row says why it has none."""
+  shown: dict[str, list] = {}  # SVG text -> [(row label, its report, diagram)]
+  failed = []
+  for row in comparison.rows:
+    if row.report is None:
+      failed.append(row)
+      continue
+    diagram = render_diagram(split_graph(row.report, opens_on_click=False))
+    shown.setdefault(diagram.svg or row.label, []).append((row.label, row.report, diagram))
+  if selected is None:  # `report` is none of the rows': drawn first
+    diagram = render_diagram(split_graph(report, opens_on_click=False))
+    shown = {diagram.svg or report.policy: [(report.policy, report, diagram)], **shown}
+  parts = []
+  for entries in shown.values():
+    labels = ', '.join(f'<span class="remat-policy">{html_text(label)}</span>'
+                       for label, _, _ in entries)
+    _, first, diagram = entries[0]
+    is_open = any(r is report for _, r, _ in entries)
+    warnings = [w for _, r, _ in entries for w in r.warnings]
+    parts.append(
+        f'<details class="remat-diagram"{" open" if is_open else ""}>'
+        f'<summary>{labels} <span class="note">(lowering '
+        f'{html_text(first.lowering)}, {format_bytes(first.residual_bytes)} of residuals)'
+        '</span></summary>' + _warnings_html(warnings)
+        + (static_viewer_html(diagram.svg) if diagram.svg else '') + diagram.notes_html
+        + '</details>')
+  for row in failed:
+    parts.append(f'<p class="note">No diagram for {html_text(row.label)}: '
+                 f'{html_text(row.costs.error or "it was not analyzed")}</p>')
+  return ''.join(parts)
 
 
 def _warnings_html(warnings) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from remat_explorer.analysis.tradeoffs.compare import Comparison
 from remat_explorer.analysis.split.report import RematReport
+from remat_explorer.viz.html.tables import LABEL, TABLE, cells_html
 from remat_explorer.viz.text import MISSING, format_bytes, format_flops, html_text
 
 _HEADINGS = ('layout', 'schedule', 'steps', 'carry',
@@ -31,14 +32,14 @@ def scan_layouts_html(comparison: Comparison) -> str:
              str(c.predicted.recomputed_steps),
              MISSING if c.recomputed_steps is None else f'{c.recomputed_steps:.1f}',
              str(c.predicted.levels)]
-    body.append('<tr>' + ''.join(f'<td>{html_text(x)}</td>' for x in cells) + '</tr>')
+    body.append('<tr>' + cells_html(cells, [LABEL]) + '</tr>')
   head = ''.join(f'<th>{h}</th>' for h in _HEADINGS)
   caption = ('Checkpointed scans: the schedule in theory (closed form) and as measured. '
              'Recomputed steps (jaxpr) are the backward pass\'s recompute FLOPs over one '
              'step\'s; temp memory in carries is XLA\'s temporaries over one carry; expected '
              'are the schedule\'s carries, one step\'s intermediates and the cotangents of '
              'the scan\'s inputs (more than 1.25 times that is warned of).')
-  return (f'<table class="remat-layouts"><caption>{html_text(caption)}</caption>'
+  return (f'<table class="{TABLE} remat-layouts"><caption>{html_text(caption)}</caption>'
           f'<thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>')
 
 
@@ -58,5 +59,5 @@ def nesting_levels_html(report: RematReport) -> str:
   caption = (f'{report.function}: blocks by nesting level (0: inside no other block); '
              'a nested block\'s residuals are held while the backward pass runs '
              'through its parent')
-  return (f'<table class="remat-levels"><caption>{html_text(caption)}</caption>'
+  return (f'<table class="{TABLE} remat-levels"><caption>{html_text(caption)}</caption>'
           f'<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>')

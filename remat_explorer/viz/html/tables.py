@@ -12,6 +12,7 @@ from typing import Iterable
 from remat_explorer.analysis.tradeoffs.compare import Comparison
 from remat_explorer.analysis.split.report import RematReport, Residual
 from remat_explorer.analysis.program.devices import mesh_text
+from remat_explorer.viz.charts._figures import short_label
 from remat_explorer.viz.text import (MISSING, format_bytes, format_flops, format_seconds,
                                      html_text, unique_lines)
 
@@ -24,6 +25,41 @@ RESIDUAL_SORT_KEYS = {
 }
 """How ``residual_table_html`` can order its rows."""
 MAX_JAXPR_LINES = 4000
+
+TABLE = 'remat-table'
+"""Class of every table here; `TABLE_CSS` lays them out."""
+WRAP = 'remat-wrap'
+"""Class of a cell whose text may break anywhere: names, module paths,
+source lines and policy expressions, which often hold no space."""
+LABEL = 'remat-label'
+"""Class of a row's label (a policy, a layout): wraps, within a width."""
+TABLE_CSS = f"""
+/* Tables fit their container (the report's page, a notebook cell): figures
+   stay on one line, text that can be long wraps, anywhere where it has no
+   space, and a label column keeps a readable width. */
+table.{TABLE} {{ width: 100%; border-collapse: collapse; }}
+table.{TABLE} th {{ white-space: normal; vertical-align: bottom; }}
+table.{TABLE} td {{ white-space: nowrap; vertical-align: top; }}
+table.{TABLE} td.{WRAP}, table.{TABLE} td.{LABEL} {{ white-space: normal;
+  overflow-wrap: anywhere; }}
+/* The label column takes up to 30% of the table (its text breaks inside
+   names only when a name is wider than that); the figures share the rest. */
+table.{TABLE} td.{LABEL} {{ min-width: 8em; width: 30%; }}
+/* A row's notes span the table under its figures: a long warning takes a
+   few wide lines rather than a narrow column many lines tall. */
+table.{TABLE} tr.remat-notes td {{ white-space: normal; overflow-wrap: anywhere;
+  color: #555; font-size: 0.9em; padding-left: 1.5em; border-top: none; }}
+table.{TABLE} tr.remat-has-notes td {{ border-bottom: none; }}
+"""
+"""The tables' layout, in the Explorer's and the report's style alike."""
+
+
+def cells_html(cells, classes=()) -> str:
+  """``<td>``s of `cells` (escaped), each with its class from `classes`
+  (positionally; '' or missing: none)."""
+  classes = list(classes) + [''] * (len(cells) - len(classes))
+  return ''.join(f'<td class="{c}">{html_text(x)}</td>' if c else f'<td>{html_text(x)}</td>'
+                 for c, x in zip(classes, cells))
 
 
 def residual_table_html(report: RematReport, *, sort_by: str = 'bytes',
@@ -47,8 +83,8 @@ def residual_table_html(report: RematReport, *, sort_by: str = 'bytes',
   headings, cells = drop_empty_columns(headings, [_residual_cells(r, sharded) for r in rows],
                                        keep=('#',))
   head = ''.join(f'<th>{h}</th>' for h in headings)
-  body = ''.join('<tr>' + ''.join(f'<td>{html_text(c)}</td>' for c in row) + '</tr>'
-                 for row in cells)
+  wrapped = [WRAP if h in _RESIDUAL_WRAPPED else '' for h in headings]
+  body = ''.join('<tr>' + cells_html(row, wrapped) + '</tr>' for row in cells)
   total = sum(r.bytes for r in report.residuals)
   caption = (f'{len(rows)} residuals, {format_bytes(total)} under policy '
              f'{html_text(report.policy)} (lowering {html_text(report.lowering)}), '
@@ -58,8 +94,13 @@ def residual_table_html(report: RematReport, *, sort_by: str = 'bytes',
                 f'{report.num_devices} device(s)'
                 + (f', mesh {html_text(mesh_text(report.mesh_shape))}'
                    if report.mesh_shape else ''))
-  return (f'<table class="remat-residual-table"><caption>{caption}</caption>'
+  return (f'<table class="{TABLE} remat-residual-table"><caption>{caption}</caption>'
           f'<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>')
+
+
+_RESIDUAL_WRAPPED = ('sharding', 'origin', 'name', 'block', 'source line')
+"""Residual columns that may break anywhere (argument paths, module
+paths, source lines); shapes and figures stay on one line."""
 
 
 def _residual_cells(r: Residual, sharded: bool = False) -> list[str]:
@@ -91,35 +132,53 @@ def _per_device_cell(r: Residual) -> str:
           f'({format_bytes(r.per_device_bytes)})')
 
 
+LABEL_CHARS = 64
+"""The most of a policy's label its cell shows: a few lines of its column."""
+
+
 def comparison_table_html(comparison: Comparison) -> str:
   """One row per policy: residual, temp and peak bytes, FLOPs (what the
-  compiled program executes, loops counted, and what the jaxpr asks for), compile and run time, the Pareto front and any flag; for a
-  program partitioned over several devices also the residual bytes per
-  device and the collectives (those the recompute re-runs in brackets)."""
+  compiled program executes, loops counted, and what the jaxpr asks for),
+  compile and run time and the Pareto front; for a program partitioned
+  over several devices also the residual bytes per device and the
+  collectives (those the recompute re-runs in brackets). A policy's notes
+  (``row_note``: why it failed, its warnings) follow its row, across the
+  table; a label longer than `LABEL_CHARS` is cut in its cell and given
+  whole there, so that no row grows tall."""
   sharded = comparison.num_devices > 1
   headings = ['policy', 'residual bytes', 'compiled temp', 'compiled peak',
-              'FLOPs (compiled)', 'FLOPs (jaxpr)', 'recompute FLOPs', 'compile', 'run', 'Pareto', 'notes']
+              'FLOPs (compiled)', 'FLOPs (jaxpr)', 'recompute FLOPs', 'compile', 'run', 'Pareto']
   if sharded:
     headings[2:6] = ['residual bytes / device', 'compiled temp / device',
                      'compiled peak / device', 'collectives (recompute)',
                      'FLOPs (compiled) / device', 'FLOPs (jaxpr)']
-  rows, classes = [], []
+  rows, classes, notes = [], [], []
   for r in comparison.rows:
-    note = row_note(r)
-    cells = [r.label, format_bytes(r.residual_bytes), format_bytes(r.temp_bytes),
+    label = short_label(r.label, LABEL_CHARS)
+    cells = [label, format_bytes(r.residual_bytes), format_bytes(r.temp_bytes),
              format_bytes(r.peak_bytes), format_flops(r.compiled_flops), format_flops(r.flops),
              format_flops(r.recompute_flops), format_seconds(r.compile_seconds),
-             format_seconds(r.run_seconds), '✓' if r.on_pareto_front else '', note]
+             format_seconds(r.run_seconds), '✓' if r.on_pareto_front else '']
     if sharded:
       collectives = (MISSING if r.collectives is None
                      else f'{r.collectives} ({r.recompute_collectives})')
       cells[2:4] = [format_bytes(r.residual_bytes_per_device), *cells[2:4], collectives]
     rows.append(cells)
-    classes.append(' class="pareto"' if r.on_pareto_front else '')
+    note = row_note(r)
+    if label != r.label:
+      note = f'policy {r.label}' + (f': {note}' if note else '')
+    notes.append(note)
+    classes.append((['pareto'] if r.on_pareto_front else [])
+                   + (['remat-has-notes'] if notes[-1] else []))
   headings, rows = drop_empty_columns(headings, rows, keep=('policy',))
   head = ''.join(f'<th>{h}</th>' for h in headings)
-  body = [f'<tr{css}>' + ''.join(f'<td>{html_text(c)}</td>' for c in cells) + '</tr>'
-          for css, cells in zip(classes, rows)]
+  body = []
+  for css, cells, note in zip(classes, rows, notes):
+    body.append((f'<tr class="{" ".join(css)}">' if css else '<tr>')
+                + cells_html(cells, [LABEL]) + '</tr>')
+    if note:
+      body.append(f'<tr class="remat-notes"><td colspan="{len(headings)}">'
+                  f'{html_text(note)}</td></tr>')
   lowering = comparison_lowering(comparison)
   caption = (f'{html_text(comparison.function)} on {html_text(comparison.device_kind)}'
              + (f', lowering {html_text(lowering)}' if lowering else '')
@@ -129,7 +188,7 @@ def comparison_table_html(comparison: Comparison) -> str:
                 + (f' (mesh {html_text(mesh_text(comparison.mesh_shape))})'
                    if comparison.mesh_shape else '')
                 + ', compiled figures per device')
-  return (f'<table class="remat-comparison-table"><caption>{caption}</caption>'
+  return (f'<table class="{TABLE} remat-comparison-table"><caption>{caption}</caption>'
           f'<thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>')
 
 
@@ -222,12 +281,9 @@ def peak_table_html(rows, *, caption: str = '', top: int = PEAK_TOP,
   headings, cells = drop_empty_columns(list(PEAK_HEADINGS), [peak_cells(r) for r in shown],
                                        keep=('bytes', 'kind', 'buffer'))
   head = ''.join(f'<th>{h}</th>' for h in headings)
-  wrapped = ['remat-wrap' if h in PEAK_WRAPPED else '' for h in headings]
-  body = ''.join(
-      f'<tr class="remat-live-{html_text(r.kind)}">'
-      + ''.join(f'<td class="{w}">{html_text(c)}</td>' if w else f'<td>{html_text(c)}</td>'
-                for w, c in zip(wrapped, row)) + '</tr>'
-      for r, row in zip(shown, cells))
+  wrapped = [WRAP if h in PEAK_WRAPPED else '' for h in headings]
+  body = ''.join(f'<tr class="remat-live-{html_text(r.kind)}">' + cells_html(row, wrapped)
+                 + '</tr>' for r, row in zip(shown, cells))
   rest = rest_text(rows, shown)
   if rest:
     body += f'<tr class="remat-live-rest"><td colspan="{len(headings)}">{html_text(rest)}</td></tr>'

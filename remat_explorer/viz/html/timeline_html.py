@@ -26,7 +26,8 @@ from remat_explorer.viz.diagram.viewer import STATIC
 
 WIDTH, HEIGHT = 960, 330
 LEFT, RIGHT, TOP, BOTTOM = 70, 16, 46, 250
-"""The plot area, in the SVG's own units (it scales to the page's width)."""
+"""The plot area, in the SVG's own units (it scales to the page's width,
+never below 880 px: ``timeline.css``; its text is 12 units, 11 px there)."""
 STRIP = 12
 """Height of the strip under the plot that colours each step by its pass."""
 MEMORY_COLOR, RESIDUAL_COLOR, REFERENCE_COLOR = '#9ecae1', '#d62728', '#555555'
@@ -234,7 +235,7 @@ def _boundary(view: TimelineView, x) -> list[str]:
           f'<text x="{(xb + WIDTH - RIGHT) / 2:.1f}" y="{label_y}" text-anchor="middle" '
           f'fill="{PASS_COLORS["backward"]}">backward (steps {view.boundary}–'
           f'{view.steps - 1})</text>',
-          f'<text x="{xb + 4:.1f}" y="{TOP + 12}" fill="#222" font-size="11">'
+          f'<text x="{xb + 4:.1f}" y="{TOP + 12}" fill="#222">'
           'backward starts</text>']
 
 

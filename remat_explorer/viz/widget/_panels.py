@@ -10,7 +10,7 @@ from remat_explorer.analysis.tradeoffs.compare import recompute_eliminated
 # Explorer takes them from here.
 from remat_explorer.viz.html.captions import (caption_html, device_text,  # noqa: F401
                                               error_html, warnings_html)
-from remat_explorer.viz.html.tables import costs_table_html
+from remat_explorer.viz.html.tables import TABLE_CSS, costs_table_html
 from remat_explorer.viz.html.timeline_html import timeline_html
 from remat_explorer.viz.charts.timeline_view import timeline_view
 from remat_explorer.viz.text import format_bytes, format_flops, html_text
@@ -41,9 +41,10 @@ CSS = f"""<style>
 .remat-explorer p.warning {{ color: #8a5a00; margin: 0.2em 0; }}
 .remat-explorer p.error {{ color: #b00020; }}
 .remat-explorer button {{ white-space: nowrap; }}
-/* Figures on one line (“153.2 kFLOP”); the last column (notes, source) wraps. */
+/* Figures on one line (“153.2 kFLOP”); the tables' text columns wrap
+   (TABLE_CSS). */
 .remat-explorer table td {{ white-space: nowrap; }}
-.remat-explorer table td:last-child {{ white-space: normal; min-width: 16em; }}
+{TABLE_CSS}
 </style>"""
 
 
