@@ -23,7 +23,7 @@ pytestmark = pytest.mark.xdist_group('browser')
 
 VIEWER = '.remat-viewer'
 SMALL_VIEWPORT = {'width': 1440, 'height': 900}
-LARGE_VIEWPORT = {'width': 2400, 'height': 1800}
+LARGE_VIEWPORT = {'width': 3200, 'height': 1800}
 MARGIN_PX = 8  # viewer.js keeps this much around a drawing
 
 # The smallest text on screen (px) among the <text>s that show in the stage

@@ -10,6 +10,9 @@ is asked for residual shardings only).
 * ``estimate``: ``estimate_costs``, the training step's peak and FLOPs
   estimated from its jaxpr, before any compile.
 * ``jaxpr_memory``: the liveness model of a jaxpr's memory it uses.
-* ``graph``: the split of each block as a plain graph, for diagrams.
+* ``graph``: the split of each block as a plain graph, for diagrams;
+  ``grouping``: the group of each equation in the user's terms (module
+  path, the user's functions, the library function they called);
+  ``block_split``: where a block's values sit in its two jaxprs.
 * ``sharding``: what each residual costs per device.
 """
