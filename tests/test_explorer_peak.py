@@ -18,6 +18,11 @@ from remat_explorer.viz.widget import _panels, _search
 from remat_explorer.viz.text import format_bytes, html_text
 from tests.framework_models import nnx_transformer
 
+# One worker runs the module: its tests share the compiles they cache
+# (the same programs under the same policies), which split across two
+# workers would each compile again.
+pytestmark = pytest.mark.xdist_group('explorer-peak')
+
 
 def scan_transformer():
   """Two layers in a scan: its policies differ on the CPU, and a search

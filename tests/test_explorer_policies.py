@@ -19,6 +19,8 @@ from remat_explorer.analysis import NO_REMAT, analyze, compile_costs, policy_sou
 from remat_explorer.viz.widget._policy_controls import ALL_BLOCKS, NAMED
 
 cp = jax.checkpoint_policies
+# One worker: the tests' Explorers share the compiles they cache.
+pytestmark = pytest.mark.xdist_group('explorer-policies')
 _rng = np.random.default_rng(23)
 W = jnp.asarray(_rng.standard_normal((24, 24)), jnp.float32)
 X = jnp.asarray(_rng.standard_normal((16, 24)), jnp.float32)
@@ -53,11 +55,14 @@ def _residuals(report):
   return sorted((r.type_string, r.name or "", r.memory_space) for r in report.residuals)
 
 
-@pytest.fixture(scope='module')
+@pytest.fixture
 def explorer():
+  # A fresh Explorer for each test (its compiles are cached: LOSS, W and X
+  # are the module's), so no test depends on what another chose.
   e = rx.explore(LOSS, W, X)
   e.wait(300)
-  return e
+  yield e
+  e.stop()
 
 
 def test_a_block_picked_gets_the_policy_alone(explorer):
@@ -148,12 +153,15 @@ def test_every_choice_tried_is_a_row_of_the_comparison(explorer):
   e.policy.value = NAMED
   e.names_select.value = ('scores',)
   named = "save_only_these_names('scores')"
+  text = "save_from_both_policies(dots_saveable, save_only_these_names('hidden'))"
+  e.controls.expression.value = text
+  e.controls.select('as written')
+  e.policy.value = NAMED
   e.wait(300)
   assert html.escape(named) in e.split_note.value  # the caption names what was picked
   e.compare_button.click()
   e.wait(600)
   rows = {r.label: r for r in e.comparison.rows}
-  text = "save_from_both_policies(dots_saveable, save_only_these_names('hidden'))"
   for label in (per_block, named, text, 'dots_saveable', 'as written', 'no remat'):
     assert label in rows, (label, sorted(rows))
     assert not rows[label].failed

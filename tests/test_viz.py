@@ -24,6 +24,11 @@ from remat_explorer.viz.widget._policy_controls import NAMED as _NAMED
 from remat_explorer.viz.text import byte_unit, format_bytes
 from tests.programs import named_by_user
 
+# One worker runs the module: its tests share the compiles they cache
+# (the same programs under the same policies), which split across two
+# workers would each compile again.
+pytestmark = pytest.mark.xdist_group('viz')
+
 ROOT = Path(__file__).resolve().parents[1]
 HOSTILE = '<img src=x onerror=alert(1)>&"'
 
