@@ -500,9 +500,27 @@ def _executed_notebook(path: Path, *cells: str) -> None:
   execute(path, write=True, timeout=120, env=env)
 
 
-def test_a_saved_notebook_opened_untrusted_shows_its_diagrams_as_images(lab, browser):
+@pytest.fixture(scope='module')
+def executed_notebook(tmp_path_factory) -> Path:
+  """The small notebook, executed once for the tests that open it saved."""
+  path = tmp_path_factory.mktemp('executed') / 'executed.ipynb'
+  _executed_notebook(path, _NOT_ANALYZABLE)
+  return path
+
+
+def _saved_copy(executed: Path, path: Path, title: str) -> None:
+  """`executed` at `path`, its metadata told apart by `title` (a notebook
+  is trusted by a signature of its content: copies alike would share it)."""
+  import nbformat
+  notebook = nbformat.read(executed, as_version=4)
+  notebook.metadata['title'] = title
+  nbformat.write(notebook, path)
+
+
+def test_a_saved_notebook_opened_untrusted_shows_its_diagrams_as_images(
+    lab, browser, executed_notebook):
   base, token, notebooks = lab
-  _executed_notebook(notebooks / UNTRUSTED_NOTEBOOK, _NOT_ANALYZABLE)
+  _saved_copy(executed_notebook, notebooks / UNTRUSTED_NOTEBOOK, 'untrusted')
   page = browser.new_page(viewport={'width': 1440, 'height': 900})
   _open(page, f'{base}/lab/tree/{UNTRUSTED_NOTEBOOK}?token={token}')
   panel = _panel(page)
@@ -538,13 +556,13 @@ def test_a_saved_notebook_opened_untrusted_shows_its_diagrams_as_images(lab, bro
 
 
 def test_a_saved_notebook_reopened_trusted_shows_its_explorer_from_the_saved_state(
-    lab, browser):
+    lab, browser, executed_notebook):
   """No kernel holds the widgets of a notebook saved by `make notebooks`:
   JupyterLab draws them from the state saved with it, compiled costs
   included, instead of "model not found"."""
   base, token, notebooks = lab
   path = notebooks / TRUSTED_NOTEBOOK
-  _executed_notebook(path)
+  _saved_copy(executed_notebook, path, 'trusted')
   subprocess.run([sys.executable, '-m', 'jupyter', 'trust', str(path)], check=True,
                  capture_output=True,
                  env=dict(os.environ, JUPYTER_DATA_DIR=str(notebooks.parent / 'data')))
@@ -557,7 +575,7 @@ def test_a_saved_notebook_reopened_trusted_shows_its_explorer_from_the_saved_sta
     const cells = window.jupyterapp.shell.currentWidget.content.model.cells;
     return Array.from({length: cells.length}, (_, i) => cells.get(i).trusted);
   }""")
-  assert trusted == [True, True]
+  assert trusted == [True, True, True]
   explorer.locator('.remat-viewer svg g.cluster').first.wait_for(timeout=30_000)
   # Saved once its work was done: no progress line, the compiled figures.
   assert explorer.locator('.remat-task').count() == 0
