@@ -1,7 +1,7 @@
 """Where an equation sits in the user's terms, for the split diagram's
 boxes: the module of the user's model (its path, read from the parameters
 it uses), the user's own calls inside it, and the library function that
-made it (``gelu``, ``softmax``), only ever inside one of the user's.
+made it (``gelu``, ``softmax``), inside the user's group that called it.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ class Grouping:
   the block calls on the way to it (the same function called from two
   lines is two groups, ``_layer_norm @158`` and ``_layer_norm @161``). Inside either,
   the equations a library function made (``gelu``, ``softmax``) are
-  grouped by that function; those the block's own code makes directly stay
-  at its top, never a box of their own."""
+  grouped by that function, inside the group that called it (at the
+  block's top where the block's own code called it)."""
 
   def __init__(self, block: BlockReport, module_paths):
     self.block_path = [p for p in block.module_path.split('/') if p]
@@ -79,8 +79,11 @@ class Grouping:
                     for k, p in enumerate(scopes))
     else:
       group = self._calls(frames, below=-1)
+    # A library function's equations are one box inside the group that
+    # called it: the block itself when the block's own code called it (a
+    # gelu as one box, not its twenty primitives).
     library = _library_function(eqn, context)
-    if library and group and group[-1][1] != library:
+    if library and (not group or group[-1][1] != library):
       group = (*group, ('library', library))
     return module_path, group
 
