@@ -96,10 +96,19 @@ def test_the_budget_says_the_bytes_it_stands_for(problem):
     e.budget.value = fraction
     expected = ends[0] + fraction * (ends[1] - ends[0])
     assert f'≈ {format_bytes(expected)}' in e.budget_note.value
-  e.lowering.value = 'cond'  # other compiles, other ends: learnt again
+  # Another lowering: other compiles, other ends, learnt once the budget is
+  # used there (not on every change of lowering).
+  e.lowering.value = 'cond'
+  e.wait(300)
+  assert 'move the slider' in e.budget_note.value
+  assert ('cond' not in {lowering for _, lowering in e._budget.ends})
+  e.budget.value = 0.4
   assert 'compiling' in e.budget_note.value
   e.wait(300)
-  assert '≈' in e.budget_note.value
+  peaks = [compile_costs(f, *args, policy=p, lowering='cond').peak_bytes
+           for p in (cp.nothing_saveable, cp.everything_saveable, None, NO_REMAT)]
+  expected = min(peaks) + 0.4 * (max(peaks) - min(peaks))
+  assert f'≈ {format_bytes(expected)}' in e.budget_note.value
 
 
 def test_a_search_explains_itself_joins_the_comparison_and_adds_its_option_once(problem):
@@ -114,7 +123,7 @@ def test_a_search_explains_itself_joins_the_comparison_and_adds_its_option_once(
   e.wait(600)
   result = e.search_result
   assert result.fits and result.label not in options  # premise: a policy of its own
-  assert result.budget_bytes == _panels.budget_bytes(0.3, e._budget.ends['barrier'])
+  assert result.budget_bytes == _panels.budget_bytes(0.3, e._budget.ends[(None, 'barrier')])
   assert html_text(result.explanation) in e.search_note.value
   assert f'Search within {format_bytes(result.budget_bytes)}' in e.search_note.value
   assert list(e.policy.options) == [*options[:-1], result.label, options[-1]]

@@ -116,13 +116,18 @@ def budget_text(fraction: float, ends: tuple[int, int] | None) -> str:
   return f'{fraction:.0%} (≈ {format_bytes(budget_bytes(fraction, ends))})'
 
 
-def budget_html(fraction: float, ends: tuple[int, int] | None) -> str:
+def budget_html(fraction: float, ends: tuple[int, int] | None,
+                compiling: bool = True) -> str:
   """Beside the budget slider: the bytes its fraction stands for, or that
-  they are being compiled."""
+  they are being compiled, or that they will be once the budget is used."""
   if ends is None:
-    return ('<span class="remat-caption" title="compiling nothing_saveable, '
-            'everything_saveable, the program as written and without remat, whose '
-            'peaks the budget spans">≈ … bytes (compiling…)</span>')
+    spans = ('nothing_saveable, everything_saveable, the program as written and '
+             'without remat, whose peaks the budget spans')
+    if not compiling:
+      return (f'<span class="remat-caption" title="moving the slider compiles {spans}">'
+              '≈ … bytes (move the slider to compile its ends)</span>')
+    return (f'<span class="remat-caption" title="compiling {spans}">'
+            '≈ … bytes (compiling…)</span>')
   low, high = ends
   return (f'<span title="0%: the lowest compiled peak known, {format_bytes(low)}; '
           f'100%: the highest, {format_bytes(high)}">'

@@ -205,7 +205,8 @@ class Explorer:
     self.layout.observe(self._layout_changed, names='value')
     self.sort_by.observe(lambda _: self._render_residuals(self.current_report()),
                          names='value')
-    self.lowering.observe(lambda _: self._budget.learn_range(), names='value')
+    # Another lowering's budget ends are compiled once the budget is used there.
+    self.lowering.observe(lambda _: self._budget.show(), names='value')
     self.compare_button.on_click(lambda _: self._compare())
     self.pareto_pick.observe(self._pick_from_pareto, names='value')
     self.diagram.observe(self._node_clicked, names='click_count')
@@ -462,7 +463,7 @@ class Explorer:
       first = None
     self.controls.set_blocks(first)
     self.refresh()
-    self._budget.learn_range()
+    self._budget.show()
 
   def _node_clicked(self, _) -> None:
     """A click on a closed group (a module or function) or call (scan,
