@@ -16,6 +16,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 import remat_explorer as rx
 from remat_explorer.analysis import NO_REMAT, analyze, compile_costs, policy_source
+from remat_explorer.viz.text import format_bytes
 from remat_explorer.viz.widget._policy_controls import ALL_BLOCKS, NAMED
 
 cp = jax.checkpoint_policies
@@ -190,3 +191,24 @@ def test_policy_source_writes_what_the_search_and_the_copy_write():
   namespace = {}
   exec(code, namespace)
   assert namespace['policies'] == {'attention': cp.dots_saveable}
+
+
+def test_the_budget_of_each_layout_spans_its_own_compiled_peaks():
+  """Layouts are different programs: the bytes the budget stands for under
+  one are not another's."""
+  def shallow(w, x):
+    return jnp.sum(jax.checkpoint(mlp)(x, w) ** 2)
+
+  def deep(w, x):  # wider intermediates: other peaks
+    h = jax.checkpoint(attention)(jnp.tile(x, (4, 1)), w)
+    return jnp.sum(jax.checkpoint(mlp)(h, w) ** 2)
+  e = rx.explore({'shallow': shallow, 'deep': deep}, W, X)
+  e.wait(300)
+  e.layout.value = 'deep'
+  e.budget.value = 0.25
+  e.wait(300)
+  peaks = [compile_costs(deep, W, X, policy=p, lowering='barrier').peak_bytes
+           for p in (cp.nothing_saveable, cp.everything_saveable, None, NO_REMAT)]
+  expected = min(peaks) + 0.25 * (max(peaks) - min(peaks))
+  assert f'≈ {format_bytes(expected)}' in e.budget_note.value, e.budget_note.value
+  e.stop()
