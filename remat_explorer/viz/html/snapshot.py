@@ -34,7 +34,7 @@ _FITTED = 'max-width:100%;height:auto'
 
 def snapshot_html(report=None, costs=None, error: str | None = None, *, baseline=None,
                   policy: str | None = None, lowering: str | None = None, block=None,
-                  expand=(), diagram=None) -> str:
+                  expand=(), diagram=None, figures=None) -> str:
   """The snapshot of one view of the Explorer (see the module).
 
   `report` is the view's ``RematReport`` (None when its analysis failed:
@@ -42,7 +42,8 @@ def snapshot_html(report=None, costs=None, error: str | None = None, *, baseline
   `costs` its ``CompiledCosts`` when compiled, `baseline` no remat's;
   `policy` the label the view shows (default the report's policy);
   `block` and `expand` choose the diagram as ``split_graph`` does, or
-  `diagram` is the ``RenderedDiagram`` already drawn.
+  `diagram` is the ``RenderedDiagram`` already drawn; `figures` what
+  ``compiled_figures`` read of `costs`, if it has.
   """
   policy = policy if policy is not None else (report.policy if report else 'no policy')
   lowering = lowering if lowering is not None else (report.lowering if report else '')
@@ -53,7 +54,7 @@ def snapshot_html(report=None, costs=None, error: str | None = None, *, baseline
     parts.append(error_html(error))
   if report is not None:
     parts.append(warnings_html(report.warnings))
-    parts.append(_costs_html(report, costs, baseline))
+    parts.append(_costs_html(report, costs, baseline, figures))
     if diagram is None:
       diagram = render_diagram(split_graph(report, block=block, expand=expand))
     parts.append(_diagram_html(diagram))
@@ -62,17 +63,24 @@ def snapshot_html(report=None, costs=None, error: str | None = None, *, baseline
   return ''.join(parts)
 
 
-def _costs_html(report, costs, baseline) -> str:
+def compiled_figures(report, costs, baseline) -> tuple:
+  """(the flag when XLA merged the recompute away, or None; the memory
+  timeline's view, no remat's beside it) of compiled `costs`: what the
+  Explorer's Costs tab and its snapshot both draw, read once."""
+  flag = recompute_eliminated(report, costs)
+  reference = (None if baseline is None or baseline.failed or baseline is costs
+               else ('no remat', baseline))
+  return flag, timeline_view(report, costs, reference=reference)
+
+
+def _costs_html(report, costs, baseline, figures) -> str:
   """XLA's figures, the merge flag, the memory timeline as an image and
   the buffers live at its peak; or why they are missing."""
   if costs is None:
     return f'<p class="remat-caption">{html_text(NOT_COMPILED)}</p>'
   if costs.failed:
     return error_html(f'Compile failed: {costs.error}')
-  flag = recompute_eliminated(report, costs)
-  reference = (None if baseline is None or baseline.failed or baseline is costs
-               else ('no remat', baseline))
-  view = timeline_view(report, costs, reference=reference)
+  flag, view = figures or compiled_figures(report, costs, baseline)
   parts = ['<div class="remat-costs"><h4>Compiled costs</h4>',
            costs_table_html(costs, baseline), warnings_html([flag] if flag else [])]
   if view is not None:

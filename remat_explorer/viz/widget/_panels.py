@@ -5,14 +5,13 @@ is running, so the widget only assigns their results.
 from __future__ import annotations
 
 from remat_explorer.analysis import error_summary
-from remat_explorer.analysis.tradeoffs.compare import recompute_eliminated
 # The captions are the snapshot's too (``viz.html.captions``); the
 # Explorer takes them from here.
 from remat_explorer.viz.html.captions import (caption_html, device_text,  # noqa: F401
                                               error_html, warnings_html)
 from remat_explorer.viz.html.tables import TABLE_CSS, costs_table_html
+from remat_explorer.viz.html.snapshot import compiled_figures
 from remat_explorer.viz.html.timeline_html import timeline_html
-from remat_explorer.viz.charts.timeline_view import timeline_view
 from remat_explorer.viz.text import format_bytes, format_flops, html_text
 
 STALE = 'remat-stale'
@@ -87,16 +86,15 @@ def error_text(e: Exception) -> str:
   return error_summary(e)
 
 
-def costs_html(label, lowering, costs, baseline, report) -> str:
+def costs_html(label, lowering, costs, baseline, report, figures=None) -> str:
   """The Costs tab: XLA's figures for `label` beside no remat's, the flag
   when the compiler merged the recompute away, the memory timeline (no
-  remat's beside it) and what is live at the peak."""
+  remat's beside it) and what is live at the peak; `figures`, what
+  ``compiled_figures`` read of them, if it has."""
   caption = caption_html(label, lowering, f'device {costs.device_kind}', 'compiled')
   if costs.failed:
     return caption + error_html(f'Compile failed: {costs.error}')
-  flag = recompute_eliminated(report, costs)
-  reference = None if baseline.failed or baseline is costs else ('no remat', baseline)
-  view = timeline_view(report, costs, reference=reference)
+  flag, view = figures or compiled_figures(report, costs, baseline)
   return (f'<div class="remat-costs">{caption}{costs_table_html(costs, baseline)}'
           + warnings_html([flag] if flag else [])
           + '<h4>Memory along the compiled step</h4>' + timeline_html(view) + '</div>')

@@ -139,10 +139,6 @@ class PolicyControls:
                                     for function, label in sorted(self.own.items()))
     return text
 
-  def key(self) -> tuple:
-    """What identifies the choice (for merging identical requests)."""
-    return (self.label(), tuple(self.names_select.value))
-
   def shown(self) -> None:
     """The choice is on screen: a row to compare if it is no built-in, and
     the code the copy button copies."""

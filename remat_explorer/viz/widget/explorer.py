@@ -33,7 +33,7 @@ from remat_explorer.viz.charts._figures import chart_img
 from remat_explorer.viz.diagram.render import render_diagram
 from remat_explorer.viz.widget.lab import require_lab
 from remat_explorer.viz.html.layout_tables import scan_layouts_html
-from remat_explorer.viz.html.snapshot import snapshot_html
+from remat_explorer.viz.html.snapshot import compiled_figures, snapshot_html
 from remat_explorer.viz.diagram.split_graph import split_graph
 from remat_explorer.viz.html.tables import (RESIDUAL_SORT_KEYS, comparison_table_html,
                                        report_jaxprs_html, residual_table_html)
@@ -297,14 +297,14 @@ class Explorer:
     label = f'{self.layout.value} · {shown}' if self.layouts else shown
     self.costs_tab.add_class(STALE)
     # A newer choice replaces a compile that has not started; the same
-    # choice again joins the one under way.
-    names = self.controls.key()
+    # choice again joins the one under way (the label names the choice,
+    # picked names and blocks' own policies included).
     self._work.start(f'compiling under {label} · lowering {lowering}',
                      lambda _: self._costs_html(fn, label, policy, lowering, report,
                                                 snapshot),
                      lambda compiled: self._show_costs(generation, *compiled),
                      lambda e: self._costs_failed(generation, e),
-                     group='costs', key=(label, names, lowering))
+                     group='costs', key=(label, lowering))
     # The jaxpr's estimate, in a fraction of the compile's time, until the
     # compiled figures land; a failed estimate leaves the wait as it was.
     self._work.start(f'estimating under {label}',
@@ -312,7 +312,7 @@ class Explorer:
                                               lowering=lowering, argnums=self.argnums,
                                               **self.kwargs),
                      lambda estimate: self._show_estimate(generation, label, estimate),
-                     lambda e: None, group='estimate', key=(label, names, lowering))
+                     lambda e: None, group='estimate', key=(label, lowering))
 
   def _shown(self, report) -> str:
     """What a caption says is shown: the layout (where there are several)
@@ -351,8 +351,10 @@ class Explorer:
                           argnums=self.argnums, **self.kwargs)
     baseline = compile_costs(fn, *self.args, policy=NO_REMAT, argnums=self.argnums,
                              **self.kwargs)
-    return (_panels.costs_html(label, lowering, costs, baseline, report),
-            snapshot_html(**snapshot, costs=costs, baseline=baseline))
+    # The flag and the timeline read once, drawn twice.
+    figures = None if costs.failed else compiled_figures(report, costs, baseline)
+    return (_panels.costs_html(label, lowering, costs, baseline, report, figures),
+            snapshot_html(**snapshot, costs=costs, baseline=baseline, figures=figures))
 
   def _show_costs(self, generation, html, snapshot=None) -> None:
     if generation != self._generation:
