@@ -1,8 +1,10 @@
-"""Command line: ``python -m remat_explorer report [...]``.
+"""Command line: ``python -m remat_explorer report [...]`` and ``share``.
 
-Writes a self-contained HTML report for an example model or for a function
-of yours (``--fn module:function``, a function that returns
-``(loss_fn, args)``), printing progress while it compiles.
+``report`` writes a self-contained HTML report for an example model or for
+a function of yours (``--fn module:function``, a function that returns
+``(loss_fn, args)``), printing progress while it compiles. ``share
+NOTEBOOK`` makes a notebook saved without its widgets' state show its
+Explorers' snapshots when reopened (``viz/widget/shared_notebook.py``).
 
 The default model is the transformer whose layers are a ``scan``: XLA keeps
 a recompute inside a loop body apart from the forward pass, so its
@@ -51,11 +53,11 @@ def _kind(value) -> str:
   return f'a {type(value).__name__}'
 
 
-def _check_writable(out: Path) -> str | None:
-  """Why the report cannot be written to `out`, or None: said before
-  anything compiles, not after."""
+def _check_writable(out: Path, example: str = 'report.html') -> str | None:
+  """Why a file cannot be written to `out`, or None: said before anything
+  compiles, not after."""
   if out.is_dir():
-    return f'--out {str(out)!r} is a directory; name a file, e.g. {str(out / "report.html")!r}'
+    return f'--out {str(out)!r} is a directory; name a file, e.g. {str(out / example)!r}'
   folder = out.parent if str(out.parent) else Path('.')
   if not folder.is_dir():
     return f'--out {str(out)!r}: the folder {str(folder)!r} does not exist'
@@ -126,13 +128,48 @@ def report_main(argv=None) -> int:
   return 0
 
 
+def share_main(argv=None) -> int:
+  parser = argparse.ArgumentParser(
+      prog='python -m remat_explorer share',
+      description='Make a saved notebook show its Explorers\' snapshots when reopened: '
+                  'drop the widget views whose state was not saved with it (JupyterLab '
+                  'would say "model not found" for them).')
+  parser.add_argument('notebook', type=Path)
+  parser.add_argument('--out', type=Path, default=None,
+                      help='where to write the shared copy (default: in place)')
+  args = parser.parse_args(argv)
+  from remat_explorer.viz.widget.shared_notebook import share_notebook
+  if not args.notebook.is_file():
+    print(f'{str(args.notebook)!r} is not a file', file=sys.stderr)
+    return 2
+  if args.out is not None:
+    unwritable = _check_writable(args.out, args.notebook.name)
+    if unwritable:
+      print(unwritable, file=sys.stderr)
+      return 2
+  try:
+    done = share_notebook(args.notebook, args.out)
+  except ValueError as e:
+    print(e, file=sys.stderr)
+    return 2
+  out = args.out or args.notebook
+  print(f'{out}: {done.dropped} widget view(s) without saved state dropped, their '
+        f'static output shown instead ({done.bare} of them text only); '
+        f'{done.kept} kept (their state is saved)')
+  return 0
+
+
+COMMANDS = {'report': report_main, 'share': share_main}
+
+
 def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else argv
-  if not argv or argv[0] != 'report':
+  if not argv or argv[0] not in COMMANDS:
     print('usage: python -m remat_explorer report [--model M | --fn module:function] '
-          '[--policy P] [--out report.html]', file=sys.stderr)
+          '[--policy P] [--out report.html]\n'
+          '       python -m remat_explorer share NOTEBOOK [--out COPY]', file=sys.stderr)
     return 2
-  return report_main(argv[1:])
+  return COMMANDS[argv[0]](argv[1:])
 
 
 if __name__ == '__main__':

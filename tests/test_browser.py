@@ -48,6 +48,7 @@ LAB_SETTINGS = {'@jupyterlab/apputils-extension/notification.jupyterlab-settings
     'fetchNews': 'false', 'checkForUpdates': False, 'doNotDisturbMode': True}}
 UNTRUSTED_NOTEBOOK = 'untrusted.ipynb'
 TRUSTED_NOTEBOOK = 'reopened.ipynb'
+SHARED_NOTEBOOK = 'shared.ipynb'
 PEAK_NOTEBOOK = 'peak.ipynb'
 
 # One worker runs them all (under `--dist loadgroup`): one JupyterLab server.
@@ -585,6 +586,43 @@ def test_a_saved_notebook_reopened_trusted_shows_its_explorer_from_the_saved_sta
   cells = dict(table.locator('tr').evaluate_all(
       'rows => rows.map(r => Array.from(r.cells).map(c => c.innerText))'))
   assert cells['peak bytes'].startswith(f'{_mlp_costs().peak_bytes:,} ('), cells
+  content = page.content()
+  for message in BROKEN_WIDGET:
+    assert message not in content
+  page.close()
+
+
+def test_a_notebook_saved_without_widget_state_shows_its_snapshot_once_shared(
+    lab, browser, executed_notebook):
+  """A notebook saved by a JupyterLab that keeps no widget state (its
+  default) holds widget views JupyterLab cannot draw: "model not found".
+  `python -m remat_explorer share` drops them; reopened trusted, the
+  notebook shows each Explorer's snapshot, compiled costs included."""
+  import nbformat
+  base, token, notebooks = lab
+  path = notebooks / SHARED_NOTEBOOK
+  notebook = nbformat.read(executed_notebook, as_version=4)
+  notebook.metadata['title'] = 'shared'
+  del notebook.metadata['widgets']  # what such a JupyterLab saves
+  nbformat.write(notebook, path)
+  env = dict(os.environ, JUPYTER_DATA_DIR=str(notebooks.parent / 'data'),
+             PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get('PYTHONPATH', '')]))
+  shared = subprocess.run([sys.executable, '-m', 'remat_explorer', 'share', str(path)],
+                          check=True, capture_output=True, text=True, env=env)
+  assert '2 widget view(s) without saved state dropped' in shared.stdout, shared.stdout
+  subprocess.run([sys.executable, '-m', 'jupyter', 'trust', str(path)], check=True,
+                 capture_output=True, env=env)
+  page = browser.new_page(viewport={'width': 1440, 'height': 900})
+  _open(page, f'{base}/lab/tree/{SHARED_NOTEBOOK}?token={token}')
+  panel = _panel(page)
+  snapshot = page.locator(f'{panel} .jp-OutputArea-output:has(.remat-snapshot)').first
+  snapshot.wait_for(timeout=60_000)
+  trusted = page.evaluate("""() => {
+    const cells = window.jupyterapp.shell.currentWidget.content.model.cells;
+    return Array.from({length: cells.length}, (_, i) => cells.get(i).trusted);
+  }""")
+  assert trusted == [True, True, True]
+  _check_snapshot(page, snapshot)
   content = page.content()
   for message in BROKEN_WIDGET:
     assert message not in content

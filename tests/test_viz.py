@@ -45,6 +45,18 @@ def tiny_mlp():
   return examples.mlp(num_layers=3, width=16, batch=4)
 
 
+def test_the_module_runs_on_one_worker(request):
+  """Its tests share module fixtures (a comparison compiled once): under
+  ``--dist loadgroup`` pytest-xdist sends the group to one worker by a
+  suffix it adds to each test's id, which pytest 9.2 no longer lets it add
+  (pyproject.toml pins pytest below it). Spread over two workers, every
+  module fixture of every group is built twice, quietly."""
+  if request.config.getoption('loadgroup', default=False):
+    assert request.node.nodeid.endswith('@viz'), (
+        f'pytest-xdist could not group {request.node.nodeid} under pytest '
+        f'{pytest.__version__}: install the pytest that pyproject.toml names')
+
+
 @pytest.fixture(scope='module')
 def problem():
   return small_transformer()

@@ -1,11 +1,17 @@
 """The training step every figure of a policy is taken from: the loss and
 its gradient, as ``compile_costs`` compiles it and ``estimate_costs``
-traces it."""
+reads it, traced once for both (``trace_step``)."""
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
+
 import jax
 import numpy as np
+
+from remat_explorer.analysis.cache import ResultCache
+from remat_explorer.analysis.program.blocks import policy_label
 
 
 def gradient_function(run_program, problem):
@@ -50,3 +56,41 @@ def gradient_function(run_program, problem):
 
 def differentiable(x) -> bool:
   return jax.numpy.issubdtype(x.dtype, jax.numpy.inexact)
+
+
+@dataclass(frozen=True)
+class TracedStep:
+  """One policy's training step, traced once for everything that reads it:
+  ``estimate_costs`` reads its jaxpr, ``compile_costs`` lowers it (so an
+  estimate shown before the compile costs the compile no second trace)."""
+  traced: jax.stages.Traced
+  program: object
+  """The program with its remat blocks set (``program_with_blocks``)."""
+  policy: str
+  """The policy's label, as rows and captions name it."""
+  lowering: str
+  notes: tuple[str, ...]
+  trace_seconds: float
+
+
+_traced_steps = ResultCache(max_entries=32)
+
+
+def trace_step(problem, policy, lowering, donated: tuple[int, ...]) -> TracedStep:
+  """`problem`'s training step under `policy` and `lowering`, traced with
+  ``jax.jit`` (`donated`: traced positions donated), cached by everything
+  that changes it."""
+  key = problem.cache_key('step', policy, lowering, donated)
+  found = _traced_steps.get(key)
+  if found is not None:
+    return found
+  start = time.perf_counter()
+  program, blocks, notes = problem.program_with_blocks(policy, lowering)
+  step = gradient_function(problem.program_function(program, blocks), problem)
+  traced = jax.jit(step, donate_argnums=donated).trace(*problem.leaves)
+  found = TracedStep(
+      traced=traced, program=program, policy=policy_label(policy, blocks),
+      lowering=lowering or ', '.join(sorted({b.lowering for b in blocks})),
+      notes=tuple(notes), trace_seconds=time.perf_counter() - start)
+  _traced_steps.put(key, found)
+  return found

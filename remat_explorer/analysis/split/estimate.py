@@ -2,8 +2,8 @@
 from its jaxpr in milliseconds, before anything is compiled.
 
 The step is the one ``compile_costs`` compiles (``program/step.py``: the
-loss and its gradient), traced with ``jax.make_jaxpr`` under the policy the
-same way. Its FLOPs are the jaxpr's count (``flops.py``, loop trip counts
+loss and its gradient), the same trace: one estimate costs the compile that
+follows it no second trace. Its FLOPs are the jaxpr's count (``flops.py``, loop trip counts
 applied); its peak is the liveness model of ``jaxpr_memory.py`` over the
 step's jaxpr, the arguments and outputs added as XLA places them (apart
 from its temporaries, for the whole step). Every figure is a model's, to be
@@ -16,14 +16,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import jax
 from jax.extend.core import ClosedJaxpr, Var
 
 from remat_explorer.analysis.cache import ResultCache
-from remat_explorer.analysis.program.blocks import built_policy_choice, policy_label
+from remat_explorer.analysis.program.blocks import built_policy_choice
 from remat_explorer.analysis.program.keywords import check_keywords, entry_point
 from remat_explorer.analysis.program.problem import Problem, check_positions
-from remat_explorer.analysis.program.step import gradient_function
+from remat_explorer.analysis.program.step import trace_step
 from remat_explorer.analysis.split.flops import jaxpr_flops
 from remat_explorer.analysis.split.jaxpr_memory import peak_bytes, value_bytes
 
@@ -48,7 +47,11 @@ class CostEstimate:
   argument_bytes: int
   output_bytes: int
   seconds: float
-  """How long the estimate took (tracing included)."""
+  """How long the estimate took, tracing the step included (unless an
+  earlier estimate or compile of the same step traced it)."""
+  model_seconds: float = 0.0
+  """The liveness model and FLOP count alone, on the traced step: what the
+  estimate adds to a compile, which traces the same step (shared)."""
   function: str = ''
   policy: str = ''
   notes: tuple[str, ...] = ()
@@ -80,22 +83,22 @@ def estimate_costs(f, *args, policy=None, lowering: str | None = None,
   cached = _cache.get(key)
   if cached is not None:
     return cached
-  program, blocks, notes = problem.program_with_blocks(policy, lowering)
+  donated = problem.traced_positions(donate)
+  step = trace_step(problem, policy, lowering, donated)
+  notes = step.notes
   if any(len(getattr(getattr(x, 'sharding', None), 'device_set', ())) > 1
          for x in problem.leaves):
-    notes = [*notes, 'estimated for the whole program, not per device: the '
-             'arguments are spread over several devices']
-  step = gradient_function(problem.program_function(program, blocks), problem)
-  closed = jax.make_jaxpr(step)(*problem.leaves)
-  estimate = _estimate(closed, problem.traced_positions(donate),
-                       function=problem.name, policy=policy_label(policy, blocks),
-                       notes=tuple(notes), start=start)
+    notes = (*notes, 'estimated for the whole program, not per device: the '
+             'arguments are spread over several devices')
+  estimate = _estimate(step.traced.jaxpr, donated, function=problem.name,
+                       policy=step.policy, notes=notes, start=start)
   _cache.put(key, estimate)
   return estimate
 
 
 def _estimate(closed: ClosedJaxpr, donated, *, function, policy, notes,
               start) -> CostEstimate:
+  model_start = time.perf_counter()
   jaxpr = closed.jaxpr
   arguments = sum(value_bytes(v) for v in jaxpr.invars)
   outputs = sum(value_bytes(v) for v in jaxpr.outvars)
@@ -107,6 +110,7 @@ def _estimate(closed: ClosedJaxpr, donated, *, function, policy, notes,
       peak_bytes=peak, flops=jaxpr_flops(closed),
       residual_bytes=residual_bytes(closed), argument_bytes=arguments,
       output_bytes=outputs, seconds=time.perf_counter() - start,
+      model_seconds=time.perf_counter() - model_start,
       function=function, policy=policy, notes=notes)
 
 

@@ -31,8 +31,8 @@ from remat_explorer.analysis.cache import ResultCache
 from remat_explorer.analysis.context import note_compile
 from remat_explorer.analysis.program.keywords import check_keywords, entry_point
 from remat_explorer.analysis.program.problem import Problem, check_positions
-from remat_explorer.analysis.program.step import gradient_function
-from remat_explorer.analysis.program.blocks import PolicyChoice, built_policy_choice, policy_label
+from remat_explorer.analysis.program.step import trace_step
+from remat_explorer.analysis.program.blocks import PolicyChoice, built_policy_choice
 from remat_explorer.analysis.program.devices import compiled_placement, find_placement
 from remat_explorer.analysis.xla.executed_flops import executed_flops
 from remat_explorer.analysis.xla.reader import read_compiled
@@ -109,6 +109,9 @@ class CompiledCosts:
   figure equals a full compile's, in less time. Run times always come from a
   full compile."""
   lower_seconds: float | None = None
+  """Lowering the traced step to StableHLO (and tracing it, where the step
+  was not traced already: ``compile_costs`` shares one trace of each step
+  with ``estimate_costs``)."""
   compile_seconds: float | None = None
   run_seconds: float | None = None
   """Median over `repeats` runs after a warm-up; None when not run."""
@@ -236,15 +239,12 @@ def compile_costs(f, *args, policy: PolicyChoice = None, lowering: str | None = 
   key = problem.cache_key(policy, lowering, donate, options_key)
   entry = _cache.get(key)
   if entry is None:
-    program, blocks, notes = problem.program_with_blocks(policy, lowering)
-    run_program = problem.program_function(program, blocks)
+    step = trace_step(problem, policy, lowering, problem.traced_positions(donate))
     entry = compile_step(
-        gradient_function(run_program, problem), problem.leaves,
-        function=problem.name, policy=policy_label(policy, blocks),
-        lowering=lowering or ', '.join(sorted({b.lowering for b in blocks})),
-        donate_argnums=problem.traced_positions(donate),
-        compiler_options=compiler_options, for_running=repeats > 0,
-        placement=find_placement(problem.leaves, program), notes=notes)
+        step.traced, problem.leaves, function=problem.name, policy=step.policy,
+        lowering=step.lowering, compiler_options=compiler_options,
+        for_running=repeats > 0, placement=find_placement(problem.leaves, step.program),
+        notes=step.notes)
     _cache.put(key, entry)
   costs, runnable = entry
   if not repeats or costs.failed:
@@ -281,7 +281,8 @@ def compile_step(step, leaves, *, function, policy, lowering, donate_argnums=(),
                  compiler_options=None, placement=None, notes=(),
                  for_running=False):
   """(CompiledCosts, `runnable`): ``runnable()`` gives an executable to run
-  (None if XLA refused the program). Unless `for_running` or the caller
+  (None if XLA refused the program). `step` is a function or a
+  ``jax.stages.Traced`` (``trace_step``), whose donations it keeps. Unless `for_running` or the caller
   gives its own `compiler_options`, the figures come from an analysis
   compile, and ``runnable()`` compiles in full on its first call."""
   device = jax.devices()[0]
@@ -292,7 +293,10 @@ def compile_step(step, leaves, *, function, policy, lowering, donate_argnums=(),
     options = analysis_compiler_options(device.platform)
   analysis = compiler_options is None and options is not None
   start = time.perf_counter()
-  lowered = jax.jit(step, donate_argnums=donate_argnums).lower(*leaves)
+  if isinstance(step, jax.stages.Traced):  # traced already, donations set
+    lowered = step.lower()
+  else:
+    lowered = jax.jit(step, donate_argnums=donate_argnums).lower(*leaves)
   lower_seconds = time.perf_counter() - start
   start = time.perf_counter()
   note_compile()
