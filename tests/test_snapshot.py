@@ -81,8 +81,9 @@ def test_the_snapshot_shows_xla_figures_the_timeline_and_the_split(named):
   chart = ET.fromstring(timeline)  # a standalone document an <img> can load
   assert chart.get('width') and chart.get('height')
   assert f'peak {html_text(format_bytes(costs.timeline.peak_bytes))}' in timeline
-  # The diagram twice: fitted to the cell, and at full size in a fold.
-  drawn = render_diagram(split_graph(report)).svg
+  # The diagram twice: fitted to the cell, and at full size in a fold, as
+  # an image (its legend names expand=, a click on it opening nothing).
+  drawn = render_diagram(split_graph(report, opens_on_click=False)).svg
   assert images['remat-snapshot-diagram'] == [drawn] and images['diagram'] == [drawn]
   assert re.search(r'<img class="remat-snapshot-diagram" style="max-width:100%', page)
   assert re.search(r'<details class="remat-full-size"><summary>[^<]+</summary>'
@@ -147,6 +148,11 @@ def test_the_explorer_snapshot_follows_its_costs_unless_a_live_view_shows_it():
   assert _cells(handle.updates[-1], 'remat-costs-table')['peak bytes'].startswith(
       f'{costs.peak_bytes:,} (')
   assert e._repr_mimebundle_()['text/html'] == handle.updates[-1]
+  # Its diagram is an image: worded for one, where the live diagram opens a
+  # group on a click.
+  image = _images(handle.updates[-1])['remat-snapshot-diagram'][0]
+  assert 'opens with expand=' in image and 'click to open' not in image
+  assert 'click to open' in e.diagram.svg
   # A live view (counted by the front end) is never rebuilt under the user.
   e.widget._view_count = 1
   shown = len(handle.updates)

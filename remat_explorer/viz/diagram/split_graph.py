@@ -64,9 +64,13 @@ class SplitDigraph(graphviz.Digraph):
   drawing: Diagram | None = None
   """What it draws (set by ``split_graph``), to draw again for the image."""
 
+  def as_image(self) -> 'SplitDigraph':
+    """The same drawing worded for an image, where a click opens nothing
+    (the legend and tooltips name ``expand=``)."""
+    return self if self.drawing is None else _emit(self.drawing, opens_on_click=False)
+
   def _repr_mimebundle_(self, include=None, exclude=None, **_):
-    image_of = self if self.drawing is None else _emit(self.drawing, opens_on_click=False)
-    diagram = render_diagram(image_of)
+    diagram = render_diagram(self.as_image())
     image = svg_img_html(diagram.svg) if diagram.svg else ''
     return {'text/html': image + diagram.notes_html, 'text/plain': repr(self)}
 

@@ -42,7 +42,8 @@ def snapshot_html(report=None, costs=None, error: str | None = None, *, baseline
   `costs` its ``CompiledCosts`` when compiled, `baseline` no remat's;
   `policy` the label the view shows (default the report's policy);
   `block` and `expand` choose the diagram as ``split_graph`` does, or
-  `diagram` is the ``RenderedDiagram`` already drawn; `figures` what
+  `diagram` is the ``RenderedDiagram`` already drawn (worded for an image:
+  ``SplitDigraph.as_image``); `figures` what
   ``compiled_figures`` read of `costs`, if it has.
   """
   policy = policy if policy is not None else (report.policy if report else 'no policy')
@@ -55,8 +56,9 @@ def snapshot_html(report=None, costs=None, error: str | None = None, *, baseline
   if report is not None:
     parts.append(warnings_html(report.warnings))
     parts.append(_costs_html(report, costs, baseline, figures))
-    if diagram is None:
-      diagram = render_diagram(split_graph(report, block=block, expand=expand))
+    if diagram is None:  # an image: a click on it opens nothing
+      diagram = render_diagram(split_graph(report, block=block, expand=expand,
+                                           opens_on_click=False))
     parts.append(_diagram_html(diagram))
     parts.append(residual_table_html(report))
   parts.append('</div>')

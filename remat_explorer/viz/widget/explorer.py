@@ -322,8 +322,8 @@ class Explorer:
     return f'{self.layout.value} · {policy}' if self.layouts else policy
 
   def _render_analysis(self, report) -> None:
-    diagram = render_diagram(split_graph(report, block=self.current_block(),
-                                         expand=self._expanded))
+    digraph = split_graph(report, block=self.current_block(), expand=self._expanded)
+    diagram = render_diagram(digraph)
     device = _panels.device_text(report)
     self.split_note.value = (caption_html(self._shown(report), report.lowering, device, 'split')
                              + warnings_html(report.warnings) + diagram.notes_html)
@@ -332,7 +332,11 @@ class Explorer:
     self.program_view.value = (caption_html(self._shown(report), report.lowering, device,
                                             'jaxprs')
                                + report_jaxprs_html(report))
-    self._snapshot = dict(report=report, policy=self._shown(report), diagram=diagram)
+    # The snapshot's diagram is an image, where a click opens nothing: drawn
+    # again worded so (a second `dot` run) where the snapshot is sent,
+    # that is while no live view shows the widget.
+    image = diagram if self._output.live else render_diagram(digraph.as_image())
+    self._snapshot = dict(report=report, policy=self._shown(report), diagram=image)
     self._output.set_html(snapshot_html(**self._snapshot))
 
   def _render_residuals(self, report) -> None:

@@ -48,6 +48,12 @@ class ExplorerOutput:
     self._handles.append(display(self.bundle(), raw=True, display_id=True))
     _shown.add(self)
 
+  @property
+  def live(self) -> bool:
+    """Whether a front end shows a live view of the widget (the snapshot
+    is then kept, not sent)."""
+    return bool(self._widget._view_count)
+
   def set_html(self, html: str) -> None:
     """The snapshot is now `html`; the outputs follow unless a live view
     shows the widget (see the module)."""
@@ -58,7 +64,7 @@ class ExplorerOutput:
   def publish(self) -> None:
     """Send the snapshot to the outputs again, unless a live view shows
     the widget."""
-    if self._widget._view_count:
+    if self.live:
       return
     for handle in self._handles:
       handle.update(self.bundle(), raw=True)
