@@ -112,7 +112,8 @@ def search_policy(f, *args, memory_budget: int | float, argnums=0,
 
   `rank_by_estimate`: rank every candidate by ``estimate_costs`` (nothing
   compiled) and compile only the finalists: the built-ins a fractional
-  budget is measured between, then the candidates predicted to fit, fewest
+  budget is measured between, then the candidates that may fit (their
+  estimated peak within the estimate's error of the budget), fewest
   estimated FLOPs first, until one fits; the answer is compiled and fits,
   but only the compiled candidates are sure not to beat it.
   """
@@ -261,12 +262,15 @@ def _search_by_estimate(run: _Runner, names, policies, memory_budget) -> SearchR
   if units:
     policy = policy_of(units, sites=user_sites(base_report, units))
     estimates[repr(policy)] = run.estimate(repr(policy), policy)
-  # Fewest estimated FLOPs first among those predicted to fit; compiled in
-  # turn until the next could not beat the best that fits.
+  # Fewest estimated FLOPs first among those that may fit, the estimate's
+  # own error allowed for (a candidate just over the budget by estimate may
+  # fit once compiled, and beat one well under it); compiled in turn until
+  # the next could not beat the best that fits.
+  may_fit = budget * (1 + _slack(estimates, compiled, predict))
   rank = lambda label: (estimates[label].flops, estimates[label].peak_bytes,
                         label not in _OWN_LABELS)
   finalists = sorted((label for label, e in estimates.items()
-                      if predict(e.peak_bytes) <= budget), key=rank)
+                      if predict(e.peak_bytes) <= may_fit), key=rank)
   finalists = finalists or [min(estimates, key=lambda label: estimates[label].peak_bytes)]
   best = None
   for label in finalists:
@@ -301,6 +305,20 @@ def _calibrated(estimates, compiled) -> Callable[[int], float]:
     ratio = float(np.mean([y / x for x, y in points]))
     return lambda estimate: estimate * ratio
   return float
+
+
+_MIN_SLACK = 0.05
+"""The least error allowed a calibrated estimate of a peak."""
+
+
+def _slack(estimates, compiled, predict) -> float:
+  """How far above the budget a calibrated estimate may lie and still fit:
+  its largest relative error on the policies compiled, at least
+  ``_MIN_SLACK``."""
+  errors = [abs(predict(estimates[label].peak_bytes) / costs.peak_bytes - 1)
+            for label, (costs, _) in compiled.items()
+            if label in estimates and not costs.failed and costs.peak_bytes]
+  return max([_MIN_SLACK, *errors])
 
 
 def _executed(costs: CompiledCosts, report: RematReport) -> float:
