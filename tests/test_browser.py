@@ -378,6 +378,7 @@ def test_explorer_in_jupyterlab(lab, browser, tmp_path):
                           permissions=['clipboard-read', 'clipboard-write'])
   _run_all_cells(page, f'{base}/lab/tree/01_remat_basics.ipynb?token={token}')
   explorer = _check_explorer(page)
+  _screenshot(page, explorer, tmp_path / 'explorer.png')
 
   # A click on a diagram node reaches Python (the hook for opening groups).
   explorer.get_by_role('tab', name='Split diagram').click()
@@ -431,18 +432,39 @@ def test_explorer_in_jupyterlab(lab, browser, tmp_path):
 
   _check_nothing_cut_and_no_escapes(page, explorer)
 
-  # The screenshot: of the diagram tab, at rest.
+  _check_compare_tab_is_readable(page, explorer)
+  page.close()
+
+
+def _screenshot(page, explorer, shot: Path) -> None:
+  """The Explorer's diagram tab, zoomed out two steps from how it opens
+  (its drawing from the start, at readable size), its top at the window's
+  top, the file browser closed: what a user sees in a 1440x900 window."""
   page.evaluate("window.jupyterapp.shell.collapseLeft()")
   explorer.get_by_role('tab', name='Split diagram').click()
-  viewer.get_by_role('button', name='100%').click()
+  explorer.evaluate("(e) => e.scrollIntoView({block: 'start'})")
+  viewer = explorer.locator('.remat-viewer').first
+  for _ in range(2):  # zoomed out a little: the passes side by side
+    viewer.get_by_role('button', name='−').click()
+  # Dragged so that the drawing's top left corner is the stage's.
+  stage, drawing = viewer.evaluate("""(v) => [v.querySelector('.remat-viewer-stage'),
+      v.querySelector('svg g.graph')].map((e) => e.getBoundingClientRect().toJSON())""")
+  x, y = stage['x'] + stage['width'] / 2, stage['y'] + stage['height'] / 2
+  page.mouse.move(x, y)
+  page.mouse.down()
+  page.mouse.move(x + stage['x'] + 8 - drawing['x'], y + stage['y'] + 8 - drawing['y'],
+                  steps=8)
+  page.mouse.up()
   page.wait_for_function("document.fonts.status === 'loaded'")
-  shot = tmp_path / 'explorer.png'
-  explorer.screenshot(path=str(shot))
+  box = explorer.bounding_box()
+  viewport = page.viewport_size
+  page.screenshot(path=str(shot), clip=dict(
+      x=box['x'], y=box['y'], width=min(box['width'], viewport['width'] - box['x']),
+      height=min(box['height'], viewport['height'] - box['y'] - 30)))  # above the status bar
   assert shot.stat().st_size > 10_000
   if os.environ.get('REMAT_UPDATE_SCREENSHOT') == '1':
     shutil.copyfile(shot, DOCS_SCREENSHOT)
-  _check_compare_tab_is_readable(page, explorer)
-  page.close()
+  page.evaluate("window.jupyterapp.shell.expandLeft()")
 
 
 def _check_compare_tab_is_readable(page, explorer):
