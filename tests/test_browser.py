@@ -540,6 +540,21 @@ def _saved_copy(executed: Path, path: Path, title: str) -> None:
   nbformat.write(notebook, path)
 
 
+def _trusted_cells(page) -> list[bool]:
+  """Whether JupyterLab trusts each cell of the notebook shown."""
+  return page.evaluate("""() => {
+    const cells = window.jupyterapp.shell.currentWidget.content.model.cells;
+    return Array.from({length: cells.length}, (_, i) => cells.get(i).trusted);
+  }""")
+
+
+def _trust(path: Path, notebooks: Path) -> None:
+  """Trust the notebook at `path` as the served JupyterLab's user would."""
+  subprocess.run([sys.executable, '-m', 'jupyter', 'trust', str(path)], check=True,
+                 capture_output=True,
+                 env=dict(os.environ, JUPYTER_DATA_DIR=str(notebooks.parent / 'data')))
+
+
 def test_a_saved_notebook_opened_untrusted_shows_its_diagrams_as_images(
     lab, browser, executed_notebook):
   base, token, notebooks = lab
@@ -554,10 +569,7 @@ def test_a_saved_notebook_opened_untrusted_shows_its_diagrams_as_images(
       "  panel + ' .jp-OutputArea-output .remat-snapshot img');"
       "  return images.length >= 3 && Array.from(images)"
       "    .every(i => i.complete && i.naturalWidth > 0); }", arg=[panel], timeout=60_000)
-  trusted = page.evaluate("""() => {
-    const cells = window.jupyterapp.shell.currentWidget.content.model.cells;
-    return Array.from({length: cells.length}, (_, i) => cells.get(i).trusted);
-  }""")
+  trusted = _trusted_cells(page)
   assert trusted == [False, False, False]
   # The split graph's own image: at natural size, in a box that scrolls.
   cells = page.locator(f'{panel} .jp-Cell')
@@ -586,18 +598,13 @@ def test_a_saved_notebook_reopened_trusted_shows_its_explorer_from_the_saved_sta
   base, token, notebooks = lab
   path = notebooks / TRUSTED_NOTEBOOK
   _saved_copy(executed_notebook, path, 'trusted')
-  subprocess.run([sys.executable, '-m', 'jupyter', 'trust', str(path)], check=True,
-                 capture_output=True,
-                 env=dict(os.environ, JUPYTER_DATA_DIR=str(notebooks.parent / 'data')))
+  _trust(path, notebooks)
   page = browser.new_page(viewport={'width': 1440, 'height': 900})
   _open(page, f'{base}/lab/tree/{TRUSTED_NOTEBOOK}?token={token}')
   panel = _panel(page)
   explorer = page.locator(f'{panel} .remat-explorer').first
   explorer.wait_for(timeout=60_000)
-  trusted = page.evaluate("""() => {
-    const cells = window.jupyterapp.shell.currentWidget.content.model.cells;
-    return Array.from({length: cells.length}, (_, i) => cells.get(i).trusted);
-  }""")
+  trusted = _trusted_cells(page)
   assert trusted == [True, True, True]
   explorer.locator('.remat-viewer svg g.cluster').first.wait_for(timeout=30_000)
   # Saved once its work was done: no progress line, the compiled figures.
@@ -627,22 +634,18 @@ def test_a_notebook_saved_without_widget_state_shows_its_snapshot_once_shared(
   notebook.metadata['title'] = 'shared'
   del notebook.metadata['widgets']  # what such a JupyterLab saves
   nbformat.write(notebook, path)
-  env = dict(os.environ, JUPYTER_DATA_DIR=str(notebooks.parent / 'data'),
-             PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get('PYTHONPATH', '')]))
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT),
+                                                     os.environ.get('PYTHONPATH', '')]))
   shared = subprocess.run([sys.executable, '-m', 'remat_explorer', 'share', str(path)],
                           check=True, capture_output=True, text=True, env=env)
   assert '2 widget view(s) without saved state dropped' in shared.stdout, shared.stdout
-  subprocess.run([sys.executable, '-m', 'jupyter', 'trust', str(path)], check=True,
-                 capture_output=True, env=env)
+  _trust(path, notebooks)
   page = browser.new_page(viewport={'width': 1440, 'height': 900})
   _open(page, f'{base}/lab/tree/{SHARED_NOTEBOOK}?token={token}')
   panel = _panel(page)
   snapshot = page.locator(f'{panel} .jp-OutputArea-output:has(.remat-snapshot)').first
   snapshot.wait_for(timeout=60_000)
-  trusted = page.evaluate("""() => {
-    const cells = window.jupyterapp.shell.currentWidget.content.model.cells;
-    return Array.from({length: cells.length}, (_, i) => cells.get(i).trusted);
-  }""")
+  trusted = _trusted_cells(page)
   assert trusted == [True, True, True]
   _check_snapshot(page, snapshot)
   content = page.content()
