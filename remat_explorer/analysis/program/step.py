@@ -4,7 +4,6 @@ reads it, traced once for both (``trace_step``)."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import jax
@@ -70,7 +69,6 @@ class TracedStep:
   """The policy's label, as rows and captions name it."""
   lowering: str
   notes: tuple[str, ...]
-  trace_seconds: float
 
 
 _traced_steps = ResultCache(max_entries=32)
@@ -84,13 +82,12 @@ def trace_step(problem, policy, lowering, donated: tuple[int, ...]) -> TracedSte
   found = _traced_steps.get(key)
   if found is not None:
     return found
-  start = time.perf_counter()
   program, blocks, notes = problem.program_with_blocks(policy, lowering)
   step = gradient_function(problem.program_function(program, blocks), problem)
   traced = jax.jit(step, donate_argnums=donated).trace(*problem.leaves)
   found = TracedStep(
       traced=traced, program=program, policy=policy_label(policy, blocks),
       lowering=lowering or ', '.join(sorted({b.lowering for b in blocks})),
-      notes=tuple(notes), trace_seconds=time.perf_counter() - start)
+      notes=tuple(notes))
   _traced_steps.put(key, found)
   return found
