@@ -4,11 +4,12 @@ from its jaxpr in milliseconds, before anything is compiled.
 The step is the one ``compile_costs`` compiles (``program/step.py``: the
 loss and its gradient), the same trace: one estimate costs the compile
 that follows it no second trace. Its FLOPs are the jaxpr's count
-(``flops.py``, loop trip counts applied); its peak is the liveness model of ``jaxpr_memory.py`` over the
-step's jaxpr, the arguments and outputs added as XLA places them (apart
-from its temporaries, for the whole step). Every figure is a model's, to be
-replaced by ``compile_costs``' once the step is compiled; ``bench/estimates.py``
-measures how far apart the two are.
+(``flops.py``, loop trip counts applied); its peak is the liveness model
+of ``jaxpr_memory.py`` over the step's jaxpr, the arguments and outputs
+added as XLA places them (apart from its temporaries, for the whole
+step). Every figure is a model's, to be replaced by ``compile_costs``'
+once the step is compiled; ``bench/estimates.py`` measures how far apart
+the two are.
 """
 
 from __future__ import annotations

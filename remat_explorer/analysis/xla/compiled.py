@@ -282,9 +282,10 @@ def compile_step(step, leaves, *, function, policy, lowering, donate_argnums=(),
                  for_running=False):
   """(CompiledCosts, `runnable`): ``runnable()`` gives an executable to run
   (None if XLA refused the program). `step` is a function or a
-  ``jax.stages.Traced`` (``trace_step``), whose donations it keeps. Unless `for_running` or the caller
-  gives its own `compiler_options`, the figures come from an analysis
-  compile, and ``runnable()`` compiles in full on its first call."""
+  ``jax.stages.Traced`` (``trace_step``), whose donations it keeps.
+  Unless `for_running` or the caller gives its own `compiler_options`, the
+  figures come from an analysis compile, and ``runnable()`` compiles in
+  full on its first call."""
   device = jax.devices()[0]
   common = dict(function=function, policy=policy, lowering=lowering,
                 platform=device.platform, device_kind=device.device_kind)
