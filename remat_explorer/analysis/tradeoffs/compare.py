@@ -24,8 +24,8 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 
 from remat_explorer.analysis.split.analyze import analyze
-from remat_explorer.analysis.xla.compiled import CompiledCosts, compile_costs
-from remat_explorer.analysis.context import TraceSettings
+from remat_explorer.analysis.xla.compiled import (CompiledCosts, compile_costs,
+                                                  start_compile_costs)
 from remat_explorer.analysis.errors import error_summary
 from remat_explorer.analysis.program.keywords import check_keywords, entry_point
 from remat_explorer.analysis.tradeoffs.layouts import scan_layouts
@@ -256,39 +256,60 @@ def _layout_jobs(functions: Mapping, policies) -> dict[str, tuple]:
 
 
 def _run(jobs: dict[str, tuple], args, common, parallel, progress, repeats):
-  """One row per job (label -> (function, policy)), analyses and compiles
-  on worker threads, run times after."""
-  here = TraceSettings.current()
+  """One row per job (label -> (function, policy)), run times after.
 
-  def analyze_and_compile(label, fn, policy):
-    # A policy for a program without a block checkpoints it as a whole. One
-    # that cannot be traced or compiled is a failed row; the others go on.
-    try:
-      return (analyze(fn, *args, policy=policy, **common),
-              compile_costs(fn, *args, policy=policy, **common))
-    except Exception as e:
-      return None, _failed_costs(fn, label, common.get('lowering'), e)
-
+  XLA compiles without Python's lock and this thread's work (tracing,
+  lowering, analyzing, reading compiled programs) needs it, so the two are
+  pipelined: each step is traced and lowered here and its compile handed
+  to `parallel` worker threads at once, the policies are analyzed while
+  XLA compiles, and each compiled program is read as it lands."""
   workers = max(1, min(parallel or usable_cores(), len(jobs)))
-  results: dict[str, tuple] = {}
+  pending, reports, costs, failed = {}, {}, {}, {}
+
+  def done(label):
+    if progress is not None:
+      progress(len(costs) + len(failed), len(jobs), label)
+
+  def fail(label, fn, e):
+    # A row that cannot be traced, analyzed or compiled fails; the others go on.
+    failed[label] = _failed_costs(fn, label, common.get('lowering'), e)
+    done(label)
+
   with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-    futures = {pool.submit(here.wrap(analyze_and_compile), label, fn, policy): label
-               for label, (fn, policy) in jobs.items()}
     try:
-      for future in concurrent.futures.as_completed(futures):
-        results[futures[future]] = future.result()
-        if progress is not None:
-          progress(len(results), len(jobs), futures[future])
+      for label, (fn, policy) in jobs.items():
+        try:
+          pending[label] = start_compile_costs(pool, fn, *args, policy=policy, **common)
+        except Exception as e:
+          fail(label, fn, e)
+      for label, (fn, policy) in jobs.items():
+        if label in pending:
+          try:
+            reports[label] = analyze(fn, *args, policy=policy, **common)
+          except Exception as e:
+            fail(label, fn, e)
+      landing = {p.compiled: label for label, p in pending.items() if label not in failed}
+      for future in concurrent.futures.as_completed(landing):
+        label = landing[future]
+        try:
+          costs[label] = pending[label].result()
+        except Exception as e:
+          fail(label, jobs[label][0], e)
+        else:
+          done(label)
     except BaseException:
-      for future in futures:
-        future.cancel()
+      for p in pending.values():
+        p.compiled.cancel()
       raise
   rows = []
   for label, (fn, policy) in jobs.items():
-    report, costs = results[label]
-    if repeats and not costs.failed:  # the executable is cached: this only times its runs
-      costs = compile_costs(fn, *args, policy=policy, repeats=repeats, **common)
-    rows.append(_row(label, policy, report, costs))
+    if label in failed:
+      rows.append(_row(label, policy, None, failed[label]))
+      continue
+    row_costs = costs[label]
+    if repeats and not row_costs.failed:  # the executable is cached: this only times its runs
+      row_costs = compile_costs(fn, *args, policy=policy, repeats=repeats, **common)
+    rows.append(_row(label, policy, reports[label], row_costs))
   return rows
 
 

@@ -15,6 +15,7 @@ are per device, and its HLO holds the collectives (``collectives.py``).
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import dataclasses
 import functools
 import numbers as numbers_module
@@ -226,41 +227,96 @@ def compile_costs(f, *args, policy: PolicyChoice = None, lowering: str | None = 
                  argnums=argnums, has_aux=has_aux, whole_function=whole_function,
                  donate_argnums=donate_argnums, repeats=repeats,
                  compiler_options=compiler_options)
-  policy = built_policy_choice(policy)
-  problem = Problem.make(f, args, kwargs, argnums, has_aux=has_aux,
-                         whole_function=whole_function, caller='compile_costs')
-  donate = check_positions(donate_argnums, len(args), 'donate_argnums',
-                           allow_empty=True)
   if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 0:
     raise ValueError(f'repeats must be an int >= 0 (runs to time), got {repeats!r}.')
-  # No options (an analysis compile) differs from empty ones (a full one).
-  options_key = (None if compiler_options is None
-                 else tuple(sorted(compiler_options.items())))
-  key = problem.cache_key(policy, lowering, donate, options_key)
-  entry = _cache.get(key)
-  if entry is None:
-    step = trace_step(problem, policy, lowering, problem.traced_positions(donate))
-    entry = compile_step(
-        step.traced, problem.leaves, function=problem.name, policy=step.policy,
-        lowering=step.lowering, compiler_options=compiler_options,
-        for_running=repeats > 0, placement=find_placement(problem.leaves, step.program),
-        notes=step.notes)
-    _cache.put(key, entry)
-  costs, runnable = entry
+  pending = _start(f, args, kwargs, policy=policy, lowering=lowering, argnums=argnums,
+                   has_aux=has_aux, whole_function=whole_function,
+                   donate_argnums=donate_argnums, compiler_options=compiler_options,
+                   for_running=repeats > 0, executor=None)
+  costs, runnable = pending.entry()
   if not repeats or costs.failed:
     return costs
   # Timed once per number of runs, with the executable compiled above (in
   # full, on first use, where the figures came from an analysis compile).
-  timed_key = None if key is None else (key, repeats)
+  timed_key = None if pending.key is None else (pending.key, repeats)
   timed = _timed.get(timed_key)
   if timed is None:
-    timed = with_run_times(costs, runnable(), problem.leaves, repeats,
-                           problem.traced_positions(donate))
+    timed = with_run_times(costs, runnable(), pending.leaves, repeats, pending.donated)
     _timed.put(timed_key, timed)
   return timed
 
 
 _timed = ResultCache(max_entries=64)
+
+
+def start_compile_costs(executor, f, *args, policy: PolicyChoice = None,
+                        lowering: str | None = None, argnums=0, has_aux: bool = False,
+                        whole_function: bool = False, donate_argnums=(),
+                        compiler_options: dict | None = None,
+                        **kwargs) -> 'PendingCosts':
+  """``compile_costs`` (without run times) with XLA's compile handed to
+  `executor` (a ``concurrent.futures.Executor``): the step is traced and
+  lowered on the calling thread, XLA compiles on the executor's thread
+  without Python's lock, and ``PendingCosts.result()`` reads the compiled
+  program. So a caller keeps its own thread busy (tracing the next step,
+  analyzing) while XLA compiles."""
+  check_keywords(compile_costs, f, kwargs, policy=policy, lowering=lowering,
+                 argnums=argnums, has_aux=has_aux, whole_function=whole_function,
+                 donate_argnums=donate_argnums, compiler_options=compiler_options)
+  return _start(f, args, kwargs, policy=policy, lowering=lowering, argnums=argnums,
+                has_aux=has_aux, whole_function=whole_function,
+                donate_argnums=donate_argnums, compiler_options=compiler_options,
+                for_running=False, executor=executor)
+
+
+class PendingCosts:
+  """A ``compile_costs`` under way: ``compiled`` is done once XLA is (at
+  once for a result found in the cache); ``result()`` waits for it and
+  reads the program, on the thread that asks, once."""
+
+  def __init__(self, key, leaves, donated, compile_=None, entry=None):
+    self.key, self.leaves, self.donated = key, leaves, donated
+    self._compile, self._entry = compile_, entry
+
+  @property
+  def compiled(self) -> concurrent.futures.Future:
+    if self._compile is None:
+      return _done(None)
+    return self._compile.compiled
+
+  def entry(self) -> tuple[CompiledCosts, object]:
+    """(costs, runnable), as ``compile_step`` gives them."""
+    if self._entry is None:
+      self._entry = self._compile.finish()
+      self._compile = None
+      _cache.put(self.key, self._entry)
+    return self._entry
+
+  def result(self) -> CompiledCosts:
+    return self.entry()[0]
+
+
+def _start(f, args, kwargs, *, policy, lowering, argnums, has_aux, whole_function,
+           donate_argnums, compiler_options, for_running, executor) -> PendingCosts:
+  policy = built_policy_choice(policy)
+  problem = Problem.make(f, args, kwargs, argnums, has_aux=has_aux,
+                         whole_function=whole_function, caller='compile_costs')
+  donate = check_positions(donate_argnums, len(args), 'donate_argnums',
+                           allow_empty=True)
+  donated = problem.traced_positions(donate)
+  # No options (an analysis compile) differs from empty ones (a full one).
+  options_key = (None if compiler_options is None
+                 else tuple(sorted(compiler_options.items())))
+  key = problem.cache_key(policy, lowering, donate, options_key)
+  entry = _cache.get(key)
+  if entry is not None:
+    return PendingCosts(key, problem.leaves, donated, entry=entry)
+  step = trace_step(problem, policy, lowering, donated)
+  return PendingCosts(key, problem.leaves, donated, compile_=start_step_compile(
+      step.traced, problem.leaves, function=problem.name, policy=step.policy,
+      lowering=step.lowering, compiler_options=compiler_options,
+      for_running=for_running, placement=find_placement(problem.leaves, step.program),
+      notes=step.notes, executor=executor))
 
 
 def measure(step, leaves, *, function, policy, lowering, donate_argnums=(),
@@ -277,100 +333,152 @@ def measure(step, leaves, *, function, policy, lowering, donate_argnums=(),
   return costs
 
 
-def compile_step(step, leaves, *, function, policy, lowering, donate_argnums=(),
-                 compiler_options=None, placement=None, notes=(),
-                 for_running=False):
+def compile_step(step, leaves, **options):
   """(CompiledCosts, `runnable`): ``runnable()`` gives an executable to run
-  (None if XLA refused the program). `step` is a function or a
-  ``jax.stages.Traced`` (``trace_step``), whose donations it keeps.
+  (None if XLA refused the program). The options are
+  ``start_step_compile``'s; XLA compiles on the calling thread."""
+  return start_step_compile(step, leaves, **options).finish()
+
+
+def start_step_compile(step, leaves, *, function, policy, lowering, donate_argnums=(),
+                       compiler_options=None, placement=None, notes=(),
+                       for_running=False, executor=None) -> '_StepCompile':
+  """Lower `step` (a function, or a ``jax.stages.Traced`` from
+  ``trace_step``, whose donations it keeps) and start XLA's compile, on
+  `executor`'s thread or, without one, on this one.
   Unless `for_running` or the caller gives its own `compiler_options`, the
   figures come from an analysis compile, and ``runnable()`` compiles in
   full on its first call."""
   device = jax.devices()[0]
-  common = dict(function=function, policy=policy, lowering=lowering,
-                platform=device.platform, device_kind=device.device_kind)
   options = compiler_options
   if options is None and not for_running:
     options = analysis_compiler_options(device.platform)
-  analysis = compiler_options is None and options is not None
   start = time.perf_counter()
   if isinstance(step, jax.stages.Traced):  # traced already, donations set
     lowered = step.lower()
   else:
     lowered = jax.jit(step, donate_argnums=donate_argnums).lower(*leaves)
   lower_seconds = time.perf_counter() - start
-  start = time.perf_counter()
-  note_compile()
-  try:
-    compiled = lowered.compile(options)
-  except Exception as e:  # XLA's errors (out of memory, bad options, ...)
-    if not _is_xla_error(e):
-      raise
-    return CompiledCosts(**common, failed=True, error=f'{type(e).__name__}: {e}',
-                         lower_seconds=lower_seconds,
-                         notes=tuple(notes)), lambda: None
-  compile_seconds = time.perf_counter() - start
-  memory = compiled.memory_analysis()
-  memory_numbers, buffer_assignment = _memory_analysis_fields(memory)
-  cost = _cost_analysis(compiled)
-  notes = list(notes)
-  devices = compiled_placement(compiled, placement)
-  try:  # every reading below is of this one object
-    program = read_compiled(compiled, memory)
-  except Exception as e:  # a text or proto this reader does not know
-    program = None
-    notes.append(f'compiled program unreadable: {type(e).__name__}: {e}')
-  module = None if program is None else program.module
-  timeline = executed = None
-  if program is not None:
-    try:
-      timeline = memory_timeline(program)
-    except Exception as e:
-      notes.append(f'memory timeline unavailable: {type(e).__name__}: {e}')
-    try:
-      executed = executed_flops(module, device)
-    except Exception as e:  # a text XLA's parser refuses: say so, keep the rest
-      notes.append(f'executed FLOPs unavailable: {type(e).__name__}: {e}')
-  if executed is not None and executed.unknown_trip_counts:
-    notes.append(f'{executed.unknown_trip_counts} loop(s) of unknown trip count '
-                 'are counted once in the executed FLOPs')
-  # A program on one device communicates with no other.
-  collectives = _collectives(module, notes) if devices.num_devices > 1 else ()
-  costs = CompiledCosts(
-      **common,
-      argument_bytes=memory.argument_size_in_bytes,
-      output_bytes=memory.output_size_in_bytes,
-      alias_bytes=memory.alias_size_in_bytes,
-      temp_bytes=memory.temp_size_in_bytes,
-      generated_code_bytes=memory.generated_code_size_in_bytes,
-      peak_memory_bytes=getattr(memory, 'peak_memory_in_bytes', None),
-      host_argument_bytes=memory.host_argument_size_in_bytes,
-      host_output_bytes=memory.host_output_size_in_bytes,
-      host_alias_bytes=memory.host_alias_size_in_bytes,
-      host_temp_bytes=memory.host_temp_size_in_bytes,
-      host_generated_code_bytes=getattr(
-          memory, 'host_generated_code_size_in_bytes', None),
-      memory_analysis=memory_numbers, buffer_assignment_proto=buffer_assignment,
-      xla_flops=cost.get('flops'),
-      executed_flops=executed.flops if executed else None,
-      executed_flops_low=executed.low if executed else None,
-      loops_of_unknown_trip_count=executed.unknown_trip_counts if executed else 0,
-      bytes_accessed=cost.get('bytes accessed'),
-      transcendentals=cost.get('transcendentals'), cost_analysis=cost,
-      analysis_compile=analysis,
-      lower_seconds=lower_seconds, compile_seconds=compile_seconds,
-      lowered_matmuls=count_matmuls_lowered(lowered.as_text()),
-      compiled_matmuls=module.matmul_count() if module else None,
-      timeline=timeline, notes=tuple(notes), num_devices=devices.num_devices,
-      mesh_shape=devices.mesh_shape, collectives=collectives)
-  if not analysis:
-    return costs, lambda: compiled
+  note_compile()  # counted for the thread that asked for it
 
-  @functools.cache
-  def runnable():
-    note_compile()
-    return lowered.compile()
-  return costs, runnable
+  def timed_compile():
+    start = time.perf_counter()
+    compiled = lowered.compile(options)
+    return compiled, time.perf_counter() - start
+  if executor is None:
+    compiled = _done_with(timed_compile)
+  else:
+    compiled = executor.submit(timed_compile)
+  return _StepCompile(
+      lowered=lowered, compiled=compiled, options=options,
+      analysis=compiler_options is None and options is not None,
+      lower_seconds=lower_seconds, placement=placement, notes=tuple(notes),
+      common=dict(function=function, policy=policy, lowering=lowering,
+                  platform=device.platform, device_kind=device.device_kind))
+
+
+def _done(value) -> concurrent.futures.Future:
+  future = concurrent.futures.Future()
+  future.set_result(value)
+  return future
+
+
+def _done_with(fn) -> concurrent.futures.Future:
+  """A future holding what `fn()` returned or raised."""
+  future = concurrent.futures.Future()
+  try:
+    future.set_result(fn())
+  except Exception as e:
+    future.set_exception(e)
+  return future
+
+
+@dataclass(frozen=True)
+class _StepCompile:
+  """One step lowered, its compile under way (``compiled``: a future of the
+  executable and the seconds XLA took)."""
+  lowered: object
+  compiled: concurrent.futures.Future
+  options: dict | None
+  analysis: bool
+  lower_seconds: float
+  placement: object
+  notes: tuple[str, ...]
+  common: dict
+
+  def finish(self):
+    """(CompiledCosts, `runnable`), read from the compiled program once XLA
+    is done; a compile XLA refused is a failed ``CompiledCosts``."""
+    notes, common, lowered = list(self.notes), self.common, self.lowered
+    analysis, lower_seconds = self.analysis, self.lower_seconds
+    try:
+      compiled, compile_seconds = self.compiled.result()
+    except Exception as e:  # XLA's errors (out of memory, bad options, ...)
+      if not _is_xla_error(e):
+        raise
+      return CompiledCosts(**common, failed=True, error=f'{type(e).__name__}: {e}',
+                           lower_seconds=lower_seconds,
+                           notes=tuple(notes)), lambda: None
+    memory = compiled.memory_analysis()
+    memory_numbers, buffer_assignment = _memory_analysis_fields(memory)
+    cost = _cost_analysis(compiled)
+    devices = compiled_placement(compiled, self.placement)
+    try:  # every reading below is of this one object
+      program = read_compiled(compiled, memory)
+    except Exception as e:  # a text or proto this reader does not know
+      program = None
+      notes.append(f'compiled program unreadable: {type(e).__name__}: {e}')
+    module = None if program is None else program.module
+    timeline = executed = None
+    if program is not None:
+      try:
+        timeline = memory_timeline(program)
+      except Exception as e:
+        notes.append(f'memory timeline unavailable: {type(e).__name__}: {e}')
+      try:
+        executed = executed_flops(module, jax.devices()[0], cost.get('flops'))
+      except Exception as e:  # a text XLA's parser refuses: say so, keep the rest
+        notes.append(f'executed FLOPs unavailable: {type(e).__name__}: {e}')
+    if executed is not None and executed.unknown_trip_counts:
+      notes.append(f'{executed.unknown_trip_counts} loop(s) of unknown trip count '
+                   'are counted once in the executed FLOPs')
+    # A program on one device communicates with no other.
+    collectives = _collectives(module, notes) if devices.num_devices > 1 else ()
+    costs = CompiledCosts(
+        **common,
+        argument_bytes=memory.argument_size_in_bytes,
+        output_bytes=memory.output_size_in_bytes,
+        alias_bytes=memory.alias_size_in_bytes,
+        temp_bytes=memory.temp_size_in_bytes,
+        generated_code_bytes=memory.generated_code_size_in_bytes,
+        peak_memory_bytes=getattr(memory, 'peak_memory_in_bytes', None),
+        host_argument_bytes=memory.host_argument_size_in_bytes,
+        host_output_bytes=memory.host_output_size_in_bytes,
+        host_alias_bytes=memory.host_alias_size_in_bytes,
+        host_temp_bytes=memory.host_temp_size_in_bytes,
+        host_generated_code_bytes=getattr(
+            memory, 'host_generated_code_size_in_bytes', None),
+        memory_analysis=memory_numbers, buffer_assignment_proto=buffer_assignment,
+        xla_flops=cost.get('flops'),
+        executed_flops=executed.flops if executed else None,
+        executed_flops_low=executed.low if executed else None,
+        loops_of_unknown_trip_count=executed.unknown_trip_counts if executed else 0,
+        bytes_accessed=cost.get('bytes accessed'),
+        transcendentals=cost.get('transcendentals'), cost_analysis=cost,
+        analysis_compile=analysis,
+        lower_seconds=lower_seconds, compile_seconds=compile_seconds,
+        lowered_matmuls=count_matmuls_lowered(lowered.as_text()),
+        compiled_matmuls=module.matmul_count() if module else None,
+        timeline=timeline, notes=tuple(notes), num_devices=devices.num_devices,
+        mesh_shape=devices.mesh_shape, collectives=collectives)
+    if not analysis:
+      return costs, lambda: compiled
+
+    @functools.cache
+    def runnable():
+      note_compile()
+      return lowered.compile()
+    return costs, runnable
 
 
 def with_run_times(costs: CompiledCosts, compiled, leaves, repeats: int,

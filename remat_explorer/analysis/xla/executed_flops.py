@@ -50,11 +50,17 @@ class ExecutedFlops:
   """Loops whose trip count XLA did not infer: counted once."""
 
 
-def executed_flops(module: HloModule, device) -> ExecutedFlops | None:
+def executed_flops(module: HloModule, device,
+                   module_flops: float | None = None) -> ExecutedFlops | None:
   """The FLOPs the optimized `module` (``hlo.parse_hlo``) executes on
   `device`, or None where this jaxlib cannot run XLA's cost analysis on a
-  module's text."""
+  module's text. `module_flops`: XLA's count of the whole module where the
+  caller has it (``cost_analysis()['flops']`` of the same executable): for
+  a module without loops or conditionals, that is the answer, and nothing
+  is counted again from the text."""
   counter = _Counter(module, device)
+  if module_flops is not None and not counter.loops_or_branches(module.entry):
+    return ExecutedFlops(float(round(module_flops)), float(round(module_flops)), 0, 0)
   if counter.xla(module.entry) is None:
     return None
   high, low = counter.executed(module.entry)
@@ -67,6 +73,7 @@ class _Counter:
     self.module, self.device = module, device
     self.counted: dict[str, float | None] = {}
     self.runs: dict[str, tuple[float, float]] = {}
+    self.branching: dict[str, bool] = {}
     self.loops = self.unknown = 0
 
   def xla(self, name: str) -> float | None:
@@ -75,10 +82,24 @@ class _Counter:
       self.counted[name] = engine.hlo_text_flops(self.module.as_entry(name), self.device)
     return self.counted[name]
 
+  def loops_or_branches(self, name: str) -> bool:
+    """Whether computation `name` runs a loop or a conditional, itself or
+    through what it calls: else XLA's count of it is what it executes."""
+    if name not in self.branching:
+      self.branching[name] = False  # a module's calls form no cycle
+      self.branching[name] = any(
+          i.opcode in ('while', 'conditional')
+          or any(self.loops_or_branches(c) for c in i.called())
+          for i in self.module.computations.get(name, []))
+    return self.branching[name]
+
   def executed(self, name: str) -> tuple[float, float]:
     """(costliest, cheapest) FLOPs one run of computation `name` executes."""
     if name not in self.runs:
       once = self.xla(name) or 0.0
+      if not self.loops_or_branches(name):  # nothing to add to XLA's count
+        self.runs[name] = once, once
+        return self.runs[name]
       high = low = once
       for instruction in self.module.computations.get(name, []):
         guard = _guards_recompute(instruction)
@@ -109,7 +130,7 @@ class _Counter:
             high += costliest[0] - counted
             low += cheapest[1] - counted
         else:
-          for callee in instruction.called():
+          for callee in filter(self.loops_or_branches, instruction.called()):
             callee_high, callee_low = self.executed(callee)
             counted = self.xla(callee) or 0.0
             high += callee_high - counted
