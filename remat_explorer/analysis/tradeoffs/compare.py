@@ -27,6 +27,7 @@ from remat_explorer.analysis.split.analyze import analyze
 from remat_explorer.analysis.xla.compiled import (CompiledCosts, compile_costs,
                                                   start_compile_costs)
 from remat_explorer.analysis.errors import error_summary
+from remat_explorer.analysis.full_collections import full_collections_held_off
 from remat_explorer.analysis.program.keywords import check_keywords, entry_point
 from remat_explorer.analysis.tradeoffs.layouts import scan_layouts
 from remat_explorer.analysis.policies.policy_info import NO_REMAT, describe_policy
@@ -218,6 +219,20 @@ def compare(f, *args, policies: Mapping[str, Any] | Sequence | None = None,
                  include_as_written=include_as_written, progress=progress,
                  parallel=parallel, suggest_lowering=suggest_lowering)
   common = dict(lowering=lowering, argnums=argnums, has_aux=has_aux, **kwargs)
+  with full_collections_held_off():
+    rows = _rows(f, args, common, policies, include_as_written, include_no_remat,
+                 parallel, progress, repeats, suggest_lowering)
+  device = rows[0].costs
+  functions = ' / '.join(dict.fromkeys(r.costs.function for r in rows))
+  return Comparison(function=functions, device_kind=device.device_kind,
+                    platform=device.platform, rows=tuple(rows),
+                    warnings=tuple(f'{r.label}: {w}' for r in rows for w in r.warnings),
+                    num_devices=device.num_devices, mesh_shape=device.mesh_shape)
+
+
+def _rows(f, args, common, policies, include_as_written, include_no_remat, parallel,
+          progress, repeats, suggest_lowering) -> list[PolicyRow]:
+  """The rows of `compare`, in its order, front and warnings marked."""
   if isinstance(f, Mapping):
     jobs = _layout_jobs(f, policies)
   else:
@@ -232,13 +247,7 @@ def compare(f, *args, policies: Mapping[str, Any] | Sequence | None = None,
   rows = _run(jobs, args, common, parallel, progress, repeats)
   if suggest_lowering:
     rows = _with_kept_recompute(rows, jobs, args, common, progress)
-  rows = _with_warnings(_mark_pareto_front(rows))
-  device = rows[0].costs
-  functions = ' / '.join(dict.fromkeys(r.costs.function for r in rows))
-  return Comparison(function=functions, device_kind=device.device_kind,
-                    platform=device.platform, rows=tuple(rows),
-                    warnings=tuple(f'{r.label}: {w}' for r in rows for w in r.warnings),
-                    num_devices=device.num_devices, mesh_shape=device.mesh_shape)
+  return _with_warnings(_mark_pareto_front(rows))
 
 
 def _layout_jobs(functions: Mapping, policies) -> dict[str, tuple]:

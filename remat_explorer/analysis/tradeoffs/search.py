@@ -34,6 +34,7 @@ from remat_explorer.analysis.tradeoffs.compare import (AS_WRITTEN, AS_WRITTEN_NO
 from remat_explorer.analysis.xla.compiled import CompiledCosts, compile_costs
 from remat_explorer.analysis.split.estimate import CostEstimate, estimate_costs
 from remat_explorer.analysis.context import compiles_run
+from remat_explorer.analysis.full_collections import full_collections_held_off
 from remat_explorer.analysis.program.keywords import check_keywords, entry_point
 from remat_explorer.analysis.policies.policy_info import NO_REMAT
 from remat_explorer.analysis.split.report import RematReport, plain_data
@@ -124,6 +125,11 @@ def search_policy(f, *args, memory_budget: int | float, argnums=0,
   if not isinstance(rank_by_estimate, bool):
     raise TypeError(f'rank_by_estimate must be True or False, got {rank_by_estimate!r}.')
   run = _Runner(f, args, kwargs, argnums, has_aux, lowering, progress)
+  with full_collections_held_off():
+    return _search(run, memory_budget, rank_by_estimate)
+
+
+def _search(run, memory_budget, rank_by_estimate) -> SearchResult:
   names = run.report(builtin_policies()['nothing_saveable']).names_in_program
   policies = builtin_policies(names)
   if rank_by_estimate:
