@@ -202,10 +202,12 @@ def compare(f, *args, policies: Mapping[str, Any] | Sequence | None = None,
   Rows whose program runs a ``checkpointed_scan`` carry its predicted
   costs beside the measured ones (``PolicyRow.scan_layouts``).
 
-  Compiles run `parallel` at a time (by default one per core the process
-  may use): XLA compiles without holding Python's lock, so on a machine
-  with cores to spare they overlap. `progress(done, total, label)` is
-  called as each row is done. Run times (`repeats`) are measured once
+  XLA's compiles run on `parallel` worker threads (by default one per core
+  the process may use) without holding Python's lock, while the calling
+  thread traces the next steps, analyzes the policies and reads each
+  compiled program as it lands; Python's full garbage collections are held
+  off meanwhile (``full_collections.py``). `progress(done, total, label)`
+  is called as each row is done. Run times (`repeats`) are measured once
   every compile has finished, one row at a time, so that nothing else
   shares the machine while they run.
 
