@@ -226,7 +226,9 @@ def test_recompute_merged_by_xla_is_flagged():
   CPU it does for an unrolled 6-layer MLP under nothing_saveable."""
   layers, seed = 6, int(np.random.default_rng(1001).integers(1 << 16))
   program, args = _mlp(num_layers=layers, seed=seed)
-  comparison = compare(program, *args, policies=['nothing_saveable', 'everything_saveable'])
+  calls = []
+  comparison = compare(program, *args, policies=['nothing_saveable', 'everything_saveable'],
+                       progress=lambda i, n, label: calls.append((i, n, label)))
   row = comparison.row('nothing_saveable')
   theirs, _ = _mlp(num_layers=layers, seed=seed, ck=jax.checkpoint, policy=cp.nothing_saveable)
   plain, _ = _mlp(num_layers=layers, seed=seed, ck=lambda f: f)
@@ -261,6 +263,11 @@ def test_recompute_merged_by_xla_is_flagged():
     assert kept.peak_bytes == under_cond.peak_bytes < row.peak_bytes
     assert any("lowering='cond' keeps the recompute" in w
                and format_bytes(kept.peak_bytes) in w for w in row.warnings)
+  # Progress counts the rows and each extra compile, up to all of them.
+  extra = sum(r.kept_recompute is not None for r in comparison.rows)
+  assert [c[0] for c in calls] == list(range(1, len(comparison.rows) + extra + 1))
+  assert calls[-1][1] == len(comparison.rows) + extra
+  assert (("nothing_saveable · lowering cond" in {c[2] for c in calls}) == merged)
 
 
 def test_memory_that_did_not_drop_is_a_warning_naming_the_largest_residuals():

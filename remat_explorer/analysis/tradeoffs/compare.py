@@ -246,9 +246,7 @@ def _rows(f, args, common, policies, include_as_written, include_no_remat, paral
       jobs[NO_REMAT_LABEL] = (f, NO_REMAT)
     for label, policy in _resolve_policies(policies, first.names_in_program).items():
       jobs.setdefault(label, (f, policy))
-  rows = _run(jobs, args, common, parallel, progress, repeats)
-  if suggest_lowering:
-    rows = _with_kept_recompute(rows, jobs, args, common, progress)
+  rows = _run(jobs, args, common, parallel, progress, repeats, suggest_lowering)
   return _with_warnings(_mark_pareto_front(rows))
 
 
@@ -266,25 +264,43 @@ def _layout_jobs(functions: Mapping, policies) -> dict[str, tuple]:
   return {label: (fn, None) for label, fn in functions.items()}
 
 
-def _run(jobs: dict[str, tuple], args, common, parallel, progress, repeats):
+def _run(jobs: dict[str, tuple], args, common, parallel, progress, repeats,
+         suggest_lowering) -> list[PolicyRow]:
   """One row per job (label -> (function, policy)), run times after.
 
   XLA compiles without Python's lock and this thread's work (tracing,
   lowering, analyzing, reading compiled programs) needs it, so the two are
   pipelined: each step is traced and lowered here and its compile handed
   to `parallel` worker threads at once, the policies are analyzed while
-  XLA compiles, and each compiled program is read as it lands."""
+  XLA compiles, and each compiled program is read as it lands. Where XLA
+  merged a row's recompute away and `suggest_lowering`, the same policy
+  under ``KEEPS_RECOMPUTE`` is handed to the workers as soon as the row
+  lands (``PolicyRow.kept_recompute``)."""
   workers = max(1, min(parallel or usable_cores(), len(jobs)))
-  pending, reports, costs, failed = {}, {}, {}, {}
+  lowering = common.get('lowering') or DEFAULT_LOWERING
+  suggest = suggest_lowering and lowering not in (KEEPS_RECOMPUTE, 'while')
+  pending, reports, costs, failed, kept = {}, {}, {}, {}, {}
+  waiting: dict = {}  # compile future -> (label, whether it is a suggestion)
 
   def done(label):
     if progress is not None:
-      progress(len(costs) + len(failed), len(jobs), label)
+      progress(len(costs) + len(failed) + len(kept),
+               len(jobs) + sum(1 for _, s in waiting.values() if s) + len(kept), label)
 
   def fail(label, fn, e):
     # A row that cannot be traced, analyzed or compiled fails; the others go on.
     failed[label] = _failed_costs(fn, label, common.get('lowering'), e)
     done(label)
+
+  def suggestion(label):
+    fn, policy = jobs[label]
+    try:
+      started = start_compile_costs(pool, fn, *args, policy=policy,
+                                    **{**common, 'lowering': KEEPS_RECOMPUTE})
+    except Exception:  # the row stands as it is; the suggestion is what fails
+      return
+    pending[label, KEEPS_RECOMPUTE] = started
+    waiting[started.compiled] = label, True
 
   with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
     try:
@@ -299,14 +315,27 @@ def _run(jobs: dict[str, tuple], args, common, parallel, progress, repeats):
             reports[label] = analyze(fn, *args, policy=policy, **common)
           except Exception as e:
             fail(label, fn, e)
-      landing = {p.compiled: label for label, p in pending.items() if label not in failed}
-      for future in concurrent.futures.as_completed(landing):
-        label = landing[future]
-        try:
-          costs[label] = pending[label].result()
-        except Exception as e:
-          fail(label, jobs[label][0], e)
-        else:
+      waiting.update({p.compiled: (label, False) for label, p in pending.items()
+                      if label not in failed})
+      while waiting:
+        landed, _ = concurrent.futures.wait(
+            waiting, return_when=concurrent.futures.FIRST_COMPLETED)
+        for future in landed:
+          label, suggested = waiting.pop(future)
+          if suggested:
+            try:
+              kept[label] = pending[label, KEEPS_RECOMPUTE].result()
+            except Exception:
+              kept[label] = None
+            done(f'{label} · lowering {KEEPS_RECOMPUTE}')
+            continue
+          try:
+            costs[label] = pending[label].result()
+          except Exception as e:
+            fail(label, jobs[label][0], e)
+            continue
+          if suggest and recompute_eliminated(reports[label], costs[label]):
+            suggestion(label)
           done(label)
     except BaseException:
       for p in pending.values():
@@ -320,33 +349,12 @@ def _run(jobs: dict[str, tuple], args, common, parallel, progress, repeats):
     row_costs = costs[label]
     if repeats and not row_costs.failed:  # the executable is cached: this only times its runs
       row_costs = compile_costs(fn, *args, policy=policy, repeats=repeats, **common)
-    rows.append(_row(label, policy, reports[label], row_costs))
+    row = _row(label, policy, reports[label], row_costs)
+    if (found := kept.get(label)) is not None and not found.failed:
+      row = dataclasses.replace(row, kept_recompute=KeptRecompute(
+          KEEPS_RECOMPUTE, found.peak_bytes, found.executed_flops))
+    rows.append(row)
   return rows
-
-
-def _with_kept_recompute(rows, jobs, args, common, progress) -> list[PolicyRow]:
-  """Each row whose recompute XLA merged away, with its policy compiled
-  under the lowering that keeps it (one compile per such row)."""
-  lowering = common.get('lowering') or DEFAULT_LOWERING
-  merged = [r for r in rows if r.recompute_eliminated and not r.failed]
-  if lowering in (KEEPS_RECOMPUTE, 'while') or not merged:
-    return rows
-  merged_ids, out = {id(r) for r in merged}, []
-  for row in rows:
-    if id(row) in merged_ids:
-      fn, policy = jobs[row.label]
-      if progress is not None:
-        progress(len(rows), len(rows) + 1, f'{row.label} · lowering {KEEPS_RECOMPUTE}')
-      try:
-        costs = compile_costs(fn, *args, policy=policy,
-                              **{**common, 'lowering': KEEPS_RECOMPUTE})
-      except Exception:  # the row stands as it is; the suggestion is what fails
-        costs = None
-      if costs is not None and not costs.failed:
-        row = dataclasses.replace(row, kept_recompute=KeptRecompute(
-            KEEPS_RECOMPUTE, costs.peak_bytes, costs.executed_flops))
-    out.append(row)
-  return out
 
 
 def usable_cores() -> int:
