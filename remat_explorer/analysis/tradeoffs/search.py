@@ -20,6 +20,7 @@ only the finalists are compiled, the answer among them.
 
 from __future__ import annotations
 
+import concurrent.futures
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -30,8 +31,10 @@ from remat_explorer.analysis.policies.chosen_policy import SaveChosen
 from remat_explorer.analysis.policies.policy_source import policy_source
 from remat_explorer.analysis.tradeoffs.save_units import greedy_units, policy_of, user_sites
 from remat_explorer.analysis.tradeoffs.compare import (AS_WRITTEN, AS_WRITTEN_NO_REMAT,
-                                             NO_REMAT_LABEL, builtin_policies)
-from remat_explorer.analysis.xla.compiled import CompiledCosts, compile_costs
+                                             NO_REMAT_LABEL, builtin_policies,
+                                             usable_cores)
+from remat_explorer.analysis.xla.compiled import (CompiledCosts, PendingCosts, compile_costs,
+                                                  start_compile_costs)
 from remat_explorer.analysis.split.estimate import CostEstimate, estimate_costs
 from remat_explorer.analysis.context import compiles_run
 from remat_explorer.analysis.full_collections import full_collections_held_off
@@ -125,8 +128,13 @@ def search_policy(f, *args, memory_budget: int | float, argnums=0,
   if not isinstance(rank_by_estimate, bool):
     raise TypeError(f'rank_by_estimate must be True or False, got {rank_by_estimate!r}.')
   run = _Runner(f, args, kwargs, argnums, has_aux, lowering, progress)
-  with full_collections_held_off():
-    return _search(run, memory_budget, rank_by_estimate)
+  with full_collections_held_off(), concurrent.futures.ThreadPoolExecutor(
+      max_workers=usable_cores()) as run.pool:
+    try:
+      return _search(run, memory_budget, rank_by_estimate)
+    except BaseException:
+      run.cancel()
+      raise
 
 
 def _search(run, memory_budget, rank_by_estimate) -> SearchResult:
@@ -134,6 +142,10 @@ def _search(run, memory_budget, rank_by_estimate) -> SearchResult:
   policies = builtin_policies(names)
   if rank_by_estimate:
     return _search_by_estimate(run, names, policies, memory_budget)
+  # Every one of these is compiled: XLA compiles them on worker threads
+  # while this thread analyzes each and reads what lands.
+  own_rows = _own_rows(run)
+  run.start({**policies, **own_rows})
   builtins = {}
   for i, (label, policy) in enumerate(policies.items()):
     run.say(i, len(policies), f'compiling {label}')
@@ -142,7 +154,7 @@ def _search(run, memory_budget, rank_by_estimate) -> SearchResult:
   # The program as written and without remat are answers too: a search
   # never returns a policy that either of them beats on both peak and FLOPs.
   own = {}
-  for label, policy in _own_rows(run).items():
+  for label, policy in own_rows.items():
     run.say(0, None, f'compiling {label}')
     own[label] = run.evaluate(label, policy)
   evaluated = {**builtins, **own}
@@ -205,6 +217,8 @@ class _Runner:
     self.compiles_before = compiles_run()
     self.policies: dict[str, Any] = {}
     self._evaluated: dict[str, tuple[CompiledCosts, RematReport]] = {}
+    self._started: dict[str, PendingCosts] = {}
+    self.pool: concurrent.futures.Executor | None = None
 
   def say(self, done, total, label) -> None:
     if self.progress is not None:
@@ -213,10 +227,28 @@ class _Runner:
   def report(self, policy) -> RematReport:
     return analyze(self.f, *self.args, policy=policy, **self.options)
 
+  def start(self, policies: dict[str, Any]) -> None:
+    """Hand the compiles of `policies` to XLA on the worker threads at
+    once, each read when ``evaluate`` asks for it."""
+    for label, policy in policies.items():
+      if label not in self._evaluated and label not in self._started:
+        try:
+          self._started[label] = start_compile_costs(
+              self.pool, self.f, *self.args, policy=policy, **self.options)
+        except Exception:  # ``evaluate`` compiles it, and says why it fails
+          continue
+
+  def cancel(self) -> None:
+    """Drop the compiles started that have not begun."""
+    for started in self._started.values():
+      started.compiled.cancel()
+
   def evaluate(self, label, policy) -> tuple[CompiledCosts, RematReport]:
     if label not in self._evaluated:
       self.policies[label] = policy
-      costs = compile_costs(self.f, *self.args, policy=policy, **self.options)
+      started = self._started.pop(label, None)
+      costs = (started.result() if started is not None else
+               compile_costs(self.f, *self.args, policy=policy, **self.options))
       self._evaluated[label] = costs, self.report(policy)
     return self._evaluated[label]
 
