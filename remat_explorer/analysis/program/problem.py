@@ -26,7 +26,6 @@ import jax
 from jax.extend import core
 import numpy as np
 
-from remat_explorer.analysis.cache import ResultCache
 from remat_explorer.analysis.source.origins import display_name, user_frames
 from remat_explorer.analysis.program.blocks import NO_REMAT, check_block_names, find_blocks
 from remat_explorer.analysis.program.devices import check_one_device_set
@@ -132,15 +131,10 @@ class Problem:
     """The user's program as a jaxpr (traced once); a function jitted at
     the top with no shardings or donations is its inner function."""
     if self._traced is None:
-      key = self.cache_key('traced')
-      found = _programs.get(key)
-      if found is None:
-        closed = jax.make_jaxpr(self.flat_function())(*self.leaves)
-        closed = _inline_plain_jit(closed)
-        refuse_if_it_differentiates(closed, self.name)
-        found = closed, self.num_outputs, self._output
-        _programs.put(key, found)
-      self._traced, self.num_outputs, self._output = found
+      closed = jax.make_jaxpr(self.flat_function())(*self.leaves)
+      closed = _inline_plain_jit(closed)
+      refuse_if_it_differentiates(closed, self.name)
+      self._traced = closed
     return self._traced
 
   def program_with_blocks(self, policy, lowering):
@@ -149,18 +143,7 @@ class Problem:
 
     A program without a remat block is analysed as written, unless a policy
     is given for it or ``whole_function`` is set: then it is checkpointed
-    as one block named after the function. Kept (``analyze`` and the
-    training step's trace each ask, for the same policy)."""
-    self.traced()  # what tracing tells of the outputs, on this problem too
-    key = self.cache_key('blocks', policy, lowering)
-    found = _programs.get(key)
-    if found is None:
-      found = self._program_with_blocks(policy, lowering)
-      _programs.put(key, found)
-    program, blocks, notes = found
-    return program, blocks, list(notes)
-
-  def _program_with_blocks(self, policy, lowering):
+    as one block named after the function."""
     closed = self.traced()
     program, blocks = find_blocks(closed, policy, lowering)
     wants_one_block = self.whole_function or (policy is not None and policy is not NO_REMAT)
@@ -413,9 +396,3 @@ def _hashable_setting(setting):
   if isinstance(setting, Mapping):
     return tuple(sorted(setting.items()))
   return setting
-
-
-_programs = ResultCache(max_entries=64)
-"""The user's program traced (with what the trace tells of its outputs),
-and ``program_with_blocks``' answers, by problem, policy and lowering:
-``analyze`` and ``compile_costs`` each start from them."""
