@@ -181,6 +181,8 @@ class CompiledCosts:
 
 
 _cache = ResultCache(max_entries=32)
+"""(costs, executable) by problem and setting: the executable is kept to time
+its runs when asked, without compiling again."""
 
 # What an analysis compile changes, by platform. On the CPU, the backend's
 # optimization level only affects the machine code LLVM makes from the
@@ -196,8 +198,6 @@ def analysis_compiler_options(platform: str) -> dict | None:
   not run, on `platform`; None where a full compile is made."""
   options = _ANALYSIS_OPTIONS.get(platform)
   return None if options is None else dict(options)
-"""(costs, executable) by problem and setting: the executable is kept to time
-its runs when asked, without compiling again."""
 
 
 @entry_point
