@@ -285,7 +285,7 @@ class PendingCosts:
     return self._compile.compiled
 
   def entry(self) -> tuple[CompiledCosts, object]:
-    """(costs, runnable), as ``compile_step`` gives them."""
+    """(costs, runnable), as ``_StepCompile.finish`` gives them."""
     if self._entry is None:
       self._entry = self._compile.finish()
       self._compile = None
@@ -324,20 +324,13 @@ def measure(step, leaves, *, function, policy, lowering, donate_argnums=(),
             notes=()) -> CompiledCosts:
   """Compile `step` at `leaves` and read XLA's figures; with `repeats`,
   also time its runs."""
-  costs, runnable = compile_step(
+  costs, runnable = start_step_compile(
       step, leaves, function=function, policy=policy, lowering=lowering,
       donate_argnums=donate_argnums, compiler_options=compiler_options,
-      placement=placement, notes=notes, for_running=repeats > 0)
+      placement=placement, notes=notes, for_running=repeats > 0).finish()
   if repeats and not costs.failed:
     costs = with_run_times(costs, runnable(), leaves, repeats, donate_argnums)
   return costs
-
-
-def compile_step(step, leaves, **options):
-  """(CompiledCosts, `runnable`): ``runnable()`` gives an executable to run
-  (None if XLA refused the program). The options are
-  ``start_step_compile``'s; XLA compiles on the calling thread."""
-  return start_step_compile(step, leaves, **options).finish()
 
 
 def start_step_compile(step, leaves, *, function, policy, lowering, donate_argnums=(),
@@ -370,7 +363,7 @@ def start_step_compile(step, leaves, *, function, policy, lowering, donate_argnu
   else:
     compiled = executor.submit(timed_compile)
   return _StepCompile(
-      lowered=lowered, compiled=compiled, options=options,
+      lowered=lowered, compiled=compiled,
       analysis=compiler_options is None and options is not None,
       lower_seconds=lower_seconds, placement=placement, notes=tuple(notes),
       common=dict(function=function, policy=policy, lowering=lowering,
@@ -399,7 +392,6 @@ class _StepCompile:
   executable and the seconds XLA took)."""
   lowered: object
   compiled: concurrent.futures.Future
-  options: dict | None
   analysis: bool
   lower_seconds: float
   placement: object
@@ -408,7 +400,8 @@ class _StepCompile:
 
   def finish(self):
     """(CompiledCosts, `runnable`), read from the compiled program once XLA
-    is done; a compile XLA refused is a failed ``CompiledCosts``."""
+    is done: ``runnable()`` gives an executable to run (None if XLA refused
+    the program, whose ``CompiledCosts`` is then a failed one)."""
     notes, common, lowered = list(self.notes), self.common, self.lowered
     analysis, lower_seconds = self.analysis, self.lower_seconds
     try:
