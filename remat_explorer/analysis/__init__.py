@@ -45,7 +45,8 @@ from remat_explorer.analysis.xla.collectives import Collective
 from remat_explorer.analysis.errors import error_summary
 from remat_explorer.analysis.tradeoffs.compare import (Comparison, PolicyRow,
                                              builtin_policies, compare)
-from remat_explorer.analysis.xla.compiled import CompiledCosts, compile_costs
+from remat_explorer.analysis.xla.compiled import compile_costs
+from remat_explorer.analysis.xla.costs import CompiledCosts
 from remat_explorer.analysis.split.estimate import CostEstimate, estimate_costs
 from remat_explorer.analysis.xla.peak import (PeakBuffer, PeakExplanation, PeakResidual,
                                          explain_peak, live_at_peak, residuals_at_peak)

@@ -24,18 +24,18 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 
 from remat_explorer.analysis.split.analyze import analyze
-from remat_explorer.analysis.xla.compiled import (CompiledCosts, compile_costs,
-                                                  start_compile_costs)
+from remat_explorer.analysis.xla.compiled import compile_costs, start_compile_costs
+from remat_explorer.analysis.xla.costs import CompiledCosts
 from remat_explorer.analysis.errors import error_summary
 from remat_explorer.analysis.full_collections import full_collections_held_off
 from remat_explorer.analysis.program.keywords import check_keywords, entry_point
 from remat_explorer.analysis.tradeoffs.layouts import scan_layouts
+from remat_explorer.analysis.tradeoffs.row_warnings import with_warnings
 from remat_explorer.analysis.policies.policy_info import NO_REMAT, describe_policy
 from remat_explorer.analysis.policies.policy_text import parse_policy
 from remat_explorer.analysis.program.problem import function_name
 from remat_explorer.analysis.program.blocks import DEFAULT_LOWERING
 from remat_explorer.analysis.split.report import RematReport, plain_data
-from remat_explorer.analysis.units import format_bytes, format_flops
 from remat_explorer.engine import checkpoint_policies
 
 FLOPS_USED_BY_CHARTS = 'compiled (executed, loops counted)'
@@ -247,7 +247,7 @@ def _rows(f, args, common, policies, include_as_written, include_no_remat, paral
     for label, policy in _resolve_policies(policies, first.names_in_program).items():
       jobs.setdefault(label, (f, policy))
   rows = _run(jobs, args, common, parallel, progress, repeats, suggest_lowering)
-  return _with_warnings(_mark_pareto_front(rows))
+  return with_warnings(_mark_pareto_front(rows))
 
 
 def _layout_jobs(functions: Mapping, policies) -> dict[str, tuple]:
@@ -461,76 +461,3 @@ def _mark_pareto_front(rows: list[PolicyRow]) -> list[PolicyRow]:
                for o in usable)
   front = {id(r) for r in usable if not dominated(r)}
   return [dataclasses.replace(r, on_pareto_front=id(r) in front) for r in rows]
-
-
-def _with_warnings(rows: list[PolicyRow]) -> list[PolicyRow]:
-  baseline = next((r for r in rows if r.policy is NO_REMAT and not r.failed), None)
-  return [dataclasses.replace(r, warnings=tuple(dict.fromkeys(_row_warnings(r, baseline))))
-          for r in rows]
-
-
-def _row_warnings(row: PolicyRow, baseline: PolicyRow | None) -> list[str]:
-  """A checkpointed scan whose compiled temporaries its schedule does not
-  explain; a policy whose compiled peak is not below no remat's, with the
-  residuals that hold it up (and XLA's merge of the recompute, if any)."""
-  layouts = [c.temp_warning for c in row.scan_layouts if c.temp_warning]
-  return (layouts + _unknown_flops_warnings(row) + _branch_warnings(row)
-          + _peak_warnings(row, baseline) + _kept_recompute_warnings(row))
-
-
-def _kept_recompute_warnings(row: PolicyRow) -> list[str]:
-  kept = row.kept_recompute
-  if kept is None or kept.peak_bytes is None or row.peak_bytes is None:
-    return []
-  keeps = (f"lowering='{kept.lowering}' keeps the recompute (XLA cannot merge work "
-           'across a conditional)')
-  if kept.peak_bytes >= row.peak_bytes:
-    return [f'{keeps}, but its peak is no lower: {format_bytes(kept.peak_bytes)}.']
-  flops = ''
-  if kept.compiled_flops is not None and row.compiled_flops:
-    flops = (f' at {format_flops(kept.compiled_flops)} '
-             f'({kept.compiled_flops / row.compiled_flops - 1:+.0%} FLOPs)')
-  return [f'{keeps}: peak {format_bytes(kept.peak_bytes)}, '
-          f'{format_bytes(row.peak_bytes - kept.peak_bytes)} below this row\'s{flops}.']
-
-
-def _branch_warnings(row: PolicyRow) -> list[str]:
-  low, high = row.costs.executed_flops_low, row.compiled_flops
-  if row.failed or low is None or high is None or high - low <= 0.01 * high:
-    return []
-  return [f'FLOPs between {format_flops(low)} and {format_flops(high)}: a conditional '
-          'runs one of its branches, decided as the program runs, and XLA counts the '
-          'costliest; the front and the search rank by that upper count.']
-
-
-def _unknown_flops_warnings(row: PolicyRow) -> list[str]:
-  if row.failed or not row.flops_unknown:
-    return []
-  count = row.costs.loops_of_unknown_trip_count
-  return [f'FLOPs unknown: {count} loop(s) of the compiled program end on a value '
-          '(a while_loop), so XLA cannot count their trips and each body is counted '
-          'once; left off the Pareto front and the recommendation.']
-
-
-def _peak_warnings(row: PolicyRow, baseline: PolicyRow | None) -> list[str]:
-  if (baseline is None or row is baseline or row.failed or row.peak_bytes is None
-      or row.peak_bytes < baseline.peak_bytes):
-    return []
-  return [f'compiled peak {row.peak_bytes:,} bytes is not below no remat\'s '
-          f'{baseline.peak_bytes:,} bytes. Largest residuals besides arguments: '
-          f'{_largest_residuals(row.report) or "none"}.'
-          + (f' {row.recompute_eliminated}' if row.recompute_eliminated else '')]
-
-
-def _largest_residuals(report: RematReport | None, count: int = 3) -> str:
-  """The `count` largest residuals besides arguments (alive anyway), those
-  alike (a residual of every layer) as one item with how many."""
-  if report is None:
-    return ''
-  alike: dict[str, list] = {}
-  for r in report.residuals:
-    if r.kind != 'argument':
-      alike.setdefault(f'{r.type_string} {r.description}', []).append(r.device_bytes)
-  largest = sorted(alike.items(), key=lambda kv: -max(kv[1]))[:count]
-  return '; '.join(text + (f' (×{len(sizes)})' if len(sizes) > 1 else '')
-                   for text, sizes in largest)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from jax.extend.core import Var, jaxprs_in_params
 
 from remat_explorer.analysis.split import flops as flop_count
-from remat_explorer.analysis.xla.compiled import CompiledCosts
+from remat_explorer.analysis.xla.costs import CompiledCosts
 from remat_explorer.analysis.split.report import RematReport, aval_bytes
 from remat_explorer.analysis.units import element_bits
 from remat_explorer.engine import (ScanScheduleCosts, ScanScope, parse_scan_scope,

@@ -33,8 +33,9 @@ from remat_explorer.analysis.tradeoffs.save_units import greedy_units, policy_of
 from remat_explorer.analysis.tradeoffs.compare import (AS_WRITTEN, AS_WRITTEN_NO_REMAT,
                                              NO_REMAT_LABEL, builtin_policies,
                                              usable_cores)
-from remat_explorer.analysis.xla.compiled import (CompiledCosts, PendingCosts, compile_costs,
+from remat_explorer.analysis.xla.compiled import (PendingCosts, compile_costs,
                                                   start_compile_costs)
+from remat_explorer.analysis.xla.costs import CompiledCosts
 from remat_explorer.analysis.split.estimate import CostEstimate, estimate_costs
 from remat_explorer.analysis.context import compiles_run
 from remat_explorer.analysis.full_collections import full_collections_held_off

@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 
 from remat_explorer.analysis.cache import ResultCache
-from remat_explorer.analysis.xla.compiled import CompiledCosts
+from remat_explorer.analysis.xla.costs import CompiledCosts
 from remat_explorer.analysis.source.origins import (clean_scope, is_library_file, site_of)
 from remat_explorer.analysis.split.report import RematReport, Residual
 from remat_explorer.analysis.xla.hlo import pass_of

@@ -16,7 +16,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from remat_explorer.analysis.tradeoffs.compare import Comparison, PolicyRow
-from remat_explorer.analysis.xla.compiled import CompiledCosts
+from remat_explorer.analysis.xla.costs import CompiledCosts
 from remat_explorer.analysis.split.report import RematReport
 from remat_explorer.analysis.program.devices import mesh_text
 from remat_explorer.viz.charts import _labels

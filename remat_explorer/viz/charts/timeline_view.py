@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from remat_explorer.analysis.xla.compiled import CompiledCosts
+from remat_explorer.analysis.xla.costs import CompiledCosts
 from remat_explorer.analysis.xla.peak import PeakBuffer, explain_peak, live_at_peak
 from remat_explorer.analysis.split.report import RematReport
 
