@@ -541,3 +541,29 @@ def test_report_and_costs_given_the_other_way_round_is_a_clear_error():
   loss_fn, args = examples.mlp(num_layers=2, width=16, batch=4)
   with pytest.raises(TypeError, match=r'expected \(report, costs\).*got \(CompiledCosts, RematReport\)'):
     residuals_at_peak(compile_costs(loss_fn, *args), analyze(loss_fn, *args))
+
+
+def test_compare_counts_rows_done_while_it_still_analyzes(monkeypatch):
+  """Rows whose compile has landed are read and counted between the
+  analyses of the later policies, not after all of them: a long analysis
+  of the last policy does not hold back the progress of the first rows.
+  The second to last analysis waits until the compiles started before it
+  (a small program's) have had time to land."""
+  import time
+  from remat_explorer.analysis.tradeoffs import compare as compare_module
+  loss_fn, args = examples.mlp(num_layers=2, width=16, batch=4)
+  log, own = [], compare_module.analyze
+  policies = ['nothing_saveable', 'dots_saveable', 'everything_saveable']
+
+  def analyze(fn, *a, policy=None, **kw):
+    label = describe_policy(policy) if policy not in (None, NO_REMAT) else str(policy)
+    if label == 'dots_saveable':
+      time.sleep(3)
+    log.append(('analyze', label))
+    return own(fn, *a, policy=policy, **kw)
+  monkeypatch.setattr(compare_module, 'analyze', analyze)
+  compare(loss_fn, *args, policies=policies, suggest_lowering=False,
+          progress=lambda i, n, label: log.append(('done', label)))
+  last_analysis = max(i for i, (kind, _) in enumerate(log) if kind == 'analyze')
+  assert log[last_analysis][1] == 'everything_saveable'
+  assert any(kind == 'done' for kind, _ in log[:last_analysis])

@@ -302,6 +302,40 @@ def _run(jobs: dict[str, tuple], args, common, parallel, progress, repeats,
     pending[label, KEEPS_RECOMPUTE] = started
     waiting[started.compiled] = label, True
 
+  def land(future):
+    label, suggested = waiting.pop(future)
+    if suggested:
+      try:
+        kept[label] = pending[label, KEEPS_RECOMPUTE].result()
+      except Exception:
+        kept[label] = None
+      done(f'{label} · lowering {KEEPS_RECOMPUTE}')
+      return
+    try:
+      costs[label] = pending[label].result()
+    except Exception as e:
+      fail(label, jobs[label][0], e)
+      return
+    if suggest and recompute_eliminated(reports[label], costs[label]):
+      suggestion(label)
+    done(label)
+
+  def land_analyzed(block: bool):
+    """Read the compiles that landed whose policy is analyzed (waiting for
+    one if `block`), so that progress moves while the analyses go on."""
+    while True:
+      ready = [f for f, (label, suggested) in waiting.items()
+               if suggested or label in reports]
+      if not ready:
+        return
+      landed, _ = concurrent.futures.wait(
+          ready, timeout=None if block else 0,
+          return_when=concurrent.futures.FIRST_COMPLETED)
+      if not landed:
+        return
+      for future in landed:
+        land(future)
+
   with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
     try:
       for label, (fn, policy) in jobs.items():
@@ -309,34 +343,17 @@ def _run(jobs: dict[str, tuple], args, common, parallel, progress, repeats,
           pending[label] = start_compile_costs(pool, fn, *args, policy=policy, **common)
         except Exception as e:
           fail(label, fn, e)
+          continue
+        waiting[pending[label].compiled] = label, False
       for label, (fn, policy) in jobs.items():
         if label in pending:
           try:
             reports[label] = analyze(fn, *args, policy=policy, **common)
           except Exception as e:
+            waiting.pop(pending[label].compiled, None)
             fail(label, fn, e)
-      waiting.update({p.compiled: (label, False) for label, p in pending.items()
-                      if label not in failed})
-      while waiting:
-        landed, _ = concurrent.futures.wait(
-            waiting, return_when=concurrent.futures.FIRST_COMPLETED)
-        for future in landed:
-          label, suggested = waiting.pop(future)
-          if suggested:
-            try:
-              kept[label] = pending[label, KEEPS_RECOMPUTE].result()
-            except Exception:
-              kept[label] = None
-            done(f'{label} · lowering {KEEPS_RECOMPUTE}')
-            continue
-          try:
-            costs[label] = pending[label].result()
-          except Exception as e:
-            fail(label, jobs[label][0], e)
-            continue
-          if suggest and recompute_eliminated(reports[label], costs[label]):
-            suggestion(label)
-          done(label)
+          land_analyzed(block=False)
+      land_analyzed(block=True)
     except BaseException:
       for p in pending.values():
         p.compiled.cancel()

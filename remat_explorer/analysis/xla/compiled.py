@@ -136,12 +136,8 @@ class PendingCosts:
   def __init__(self, key, leaves, donated, compile_=None, entry=None):
     self.key, self.leaves, self.donated = key, leaves, donated
     self._compile, self._entry = compile_, entry
-
-  @property
-  def compiled(self) -> concurrent.futures.Future:
-    if self._compile is None:
-      return _done(None)
-    return self._compile.compiled
+    self.compiled: concurrent.futures.Future = (
+        _done(None) if compile_ is None else compile_.compiled)
 
   def entry(self) -> tuple[CompiledCosts, object]:
     """(costs, runnable), as ``_StepCompile.finish`` gives them."""
