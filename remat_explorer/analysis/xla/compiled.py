@@ -137,7 +137,7 @@ class PendingCosts:
     self.key, self.leaves, self.donated = key, leaves, donated
     self._compile, self._entry = compile_, entry
     self.compiled: concurrent.futures.Future = (
-        _done(None) if compile_ is None else compile_.compiled)
+        _done_with(lambda: None) if compile_ is None else compile_.compiled)
 
   def entry(self) -> tuple[CompiledCosts, object]:
     """(costs, runnable), as ``_StepCompile.finish`` gives them."""
@@ -223,12 +223,6 @@ def start_step_compile(step, leaves, *, function, policy, lowering, donate_argnu
       lower_seconds=lower_seconds, placement=placement, notes=tuple(notes),
       common=dict(function=function, policy=policy, lowering=lowering,
                   platform=device.platform, device_kind=device.device_kind))
-
-
-def _done(value) -> concurrent.futures.Future:
-  future = concurrent.futures.Future()
-  future.set_result(value)
-  return future
 
 
 def _done_with(fn) -> concurrent.futures.Future:
