@@ -9,7 +9,10 @@ is asked for residual shardings only).
 * ``flops``: FLOP counts of jaxprs, by XLA's conventions.
 * ``estimate``: ``estimate_costs``, the training step's peak and FLOPs
   estimated from its jaxpr, before any compile.
-* ``jaxpr_memory``: the liveness model of a jaxpr's memory it uses.
+* ``jaxpr_memory``: the liveness model of a jaxpr's memory it uses;
+  ``backend``: what a platform's XLA backend does to values that the jaxpr
+  does not say (the CPU's convolution layout copies, what its reductions
+  do not fuse).
 * ``graph``: the split of each block as a plain graph, for diagrams;
   ``grouping``: the group of each equation in the user's terms (module
   path, the user's functions, the library function they called);

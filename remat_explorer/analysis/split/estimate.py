@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import jax
 from jax.extend.core import ClosedJaxpr, Var
 
 from remat_explorer.analysis.cache import ResultCache
@@ -24,6 +25,7 @@ from remat_explorer.analysis.program.blocks import built_policy_choice
 from remat_explorer.analysis.program.keywords import check_keywords, entry_point
 from remat_explorer.analysis.program.problem import Problem, check_positions
 from remat_explorer.analysis.program.step import trace_step
+from remat_explorer.analysis.split.backend import backend_of
 from remat_explorer.analysis.split.flops import jaxpr_flops
 from remat_explorer.analysis.split.jaxpr_memory import peak_bytes, value_bytes
 
@@ -105,7 +107,9 @@ def _estimate(closed: ClosedJaxpr, donated, *, function, policy, notes,
   outputs = sum(value_bytes(v) for v in jaxpr.outvars)
   if len(jaxpr.outvars) > 1:  # XLA's output tuple: a pointer per element
     outputs += _POINTER_BYTES * len(jaxpr.outvars)
-  temporaries = peak_bytes(closed, count_outputs=False)
+  # The platform the step compiles for (``compile_costs``' device).
+  backend = backend_of(jax.devices()[0].platform)
+  temporaries = peak_bytes(closed, count_outputs=False, backend=backend)
   peak = arguments + outputs + temporaries - _donated_bytes(jaxpr, donated)
   return CostEstimate(
       peak_bytes=peak, flops=jaxpr_flops(closed),

@@ -18,6 +18,9 @@ A liveness model of what XLA would hold, read from the jaxpr alone:
   its stacked outputs and its carry when it starts and adds its body's peak
   (the body's stacked outputs written in place) while it runs; a ``while``
   the same without stacked outputs.
+* What the platform's backend adds or splits apart that the jaxpr does not
+  say (``backend.py``: on the CPU, convolution operands copied into its
+  layout, values its reductions do not fuse) is added as it would run.
 
 Equations run in the jaxpr's order, which XLA's scheduler is free to change:
 this is a model, not a measurement (``bench/estimates.py`` measures how far
@@ -34,6 +37,9 @@ import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Var, jaxprs_in_params
 
 from remat_explorer.analysis.source.origins import CALL_PRIMITIVES
+from remat_explorer.analysis.split.backend import (GENERIC, Backend,
+                                                   broadcasts_along_minor_dimension,
+                                                   convolution_operands_to_copy)
 from remat_explorer.engine import RECOMPUTE_SCOPE
 
 # Equations XLA fuses with their producers and consumers: one output element
@@ -61,6 +67,10 @@ _REDUCTIONS = frozenset('''
 _VIEWS = frozenset('''
     name reduce_precision optimization_barrier pvary sharding_constraint mesh_cast reshard
     device_put'''.split())
+_LOOPS_AND_BRANCHES = frozenset(('scan', 'while', 'cond'))
+# What the operations XLA adds (``backend.py``) are, as `_kind` says: a
+# layout copy fuses what makes its operand and is materialised.
+ADDED_KINDS = {'layout copy': 'reduction'}
 # Equations that write into their first operand where it dies.
 _IN_PLACE = frozenset('''
     dynamic_update_slice scatter scatter-add scatter_add scatter-mul
@@ -109,34 +119,63 @@ def _call_body(eqn: JaxprEqn) -> Jaxpr | None:
   return None if body is None else _as_jaxpr(body)
 
 
-# A value of the flattened program: (which inlined call, its variable).
+# A value of the flattened program: (which inlined call, its variable), or
+# (a copy XLA adds, the value it copies).
 Key = tuple
 
 
 @dataclass
 class _Op:
   """One equation of a jaxpr with its calls inlined, reading and writing
-  values by key; `scope` is its name stack, the calls' around it."""
-  eqn: JaxprEqn
+  values by key; `scope` is its name stack, the calls' around it. An
+  operation XLA adds that the jaxpr does not have (``backend.py``) has no
+  equation: `added` says what it is and `added_bytes` what it writes."""
+  eqn: JaxprEqn | None
   reads: list
   writes: list
   scope: str = ''
+  added: str = ''
+  added_bytes: int = 0
+
+  @property
+  def name(self) -> str:
+    return self.added or self.eqn.primitive.name
 
   def is_backward(self) -> bool:
     """A backward-pass equation that is not remat's recompute."""
     return ('transpose(' in self.scope and RECOMPUTE_SCOPE not in self.scope
-            and self.eqn.primitive.name != 'optimization_barrier')
+            and self.name != 'optimization_barrier')
+
+  def kind(self) -> str:
+    """'fusible', 'reduction' or 'materialising' (see ``_kind``)."""
+    return ADDED_KINDS[self.added] if self.added else _kind(self.eqn)
+
+  def is_view(self) -> bool:
+    return not self.added and _is_view(self.eqn)
+
+  def has_effects(self) -> bool:
+    return not self.added and bool(self.eqn.effects)
+
+  def output_bytes(self) -> list[int]:
+    if self.added:
+      return [self.added_bytes]
+    return [value_bytes(v) for v in self.eqn.outvars]
+
+  def running_bytes(self, backend: Backend) -> int:
+    if self.added or not (self.eqn.primitive.name in _LOOPS_AND_BRANCHES
+                          or any(jaxprs_in_params(self.eqn.params))):
+      return 0
+    return _running_bytes(self.eqn, backend)
 
 
 def _flatten(jaxpr: Jaxpr, env: dict, instance: int, counter, ops: list,
              inputs: set, scope: str = '') -> None:
   """Append `jaxpr`'s equations to `ops`, calls inlined (their bodies'
   values keyed apart, since one body may be called twice)."""
-  def key(v):
-    return env.get(v, (instance, v)) if isinstance(v, Var) else None
   inputs.update((instance, v) for v in jaxpr.constvars)
   for eqn in jaxpr.eqns:
-    reads = [key(v) for v in eqn.invars]
+    reads = [env.get(v, (instance, v)) if isinstance(v, Var) else None
+             for v in eqn.invars]
     body = _call_body(eqn)
     where = f'{scope}/{eqn.source_info.name_stack}'
     if body is None:
@@ -168,15 +207,52 @@ def _in_schedule_order(ops: list[_Op]) -> list[_Op]:
   return early + late
 
 
+def _with_layout_copies(ops: list[_Op]) -> list[_Op]:
+  """`ops` with the copies XLA:CPU makes of convolution operands that are
+  not in its layout (``backend.py``): each made right after its operand
+  (a cheap elementwise one computed again in the copy, from what it reads),
+  and read by the convolution in the operand's place."""
+  made_at = {k: i for i, op in enumerate(ops) for k in op.writes}
+  copies: dict = {}
+  after: dict[int, list[_Op]] = {}  # -1: before everything (an input)
+  for op in ops:
+    for position in convolution_operands_to_copy(op.eqn) if not op.added else ():
+      source = op.reads[position]
+      if source is None:
+        continue
+      key = ('layout copy', source, position)
+      if key not in copies:
+        at = made_at.get(source, -1)
+        maker = ops[at] if at >= 0 else None
+        # A cheap elementwise operand is computed again inside the copy.
+        repeated = (maker is not None and not maker.added and maker.kind() == 'fusible'
+                    and maker.name not in _EXPENSIVE)
+        reads = [k for k in maker.reads if k is not None] if repeated else [source]
+        copies[key] = _Op(None, reads, [key], maker.scope if maker else '',
+                          added='layout copy',
+                          added_bytes=value_bytes(op.eqn.invars[position]))
+        after.setdefault(at, []).append(copies[key])
+      op.reads[position] = key
+  if not copies:
+    return ops
+  placed = list(after.get(-1, []))
+  for i, op in enumerate(ops):
+    placed += [op, *after.get(i, [])]
+  return placed
+
+
 class _Scope:
   """The buffers of one jaxpr, calls inlined: which values share one, which
   are materialised, and where each dies."""
 
-  def __init__(self, jaxpr: Jaxpr, count_outputs: bool, uncounted=()):
+  def __init__(self, jaxpr: Jaxpr, count_outputs: bool, uncounted=(),
+               backend: Backend = GENERIC):
     env: dict = {}
     self.inputs: set = {(0, v) for v in jaxpr.invars}
     self.ops: list[_Op] = []
     _flatten(jaxpr, env, 0, itertools.count(1), self.ops, self.inputs)
+    if backend.convolution_layouts:
+      self.ops = _with_layout_copies(self.ops)
     self.ops = _in_schedule_order(self.ops)
     self.root: dict = {}
     self.size: dict = {}
@@ -186,22 +262,24 @@ class _Scope:
     readers: dict = {}
     self.last_use: dict = {}
     producer: dict = {}  # root -> (fusible, expensive)
+    self.made_by: dict = {}  # root -> the operation that writes it
     for i, op in enumerate(self.ops):
       if not self.live[i]:
         continue
-      kind = _kind(op.eqn)
+      kind = op.kind()
       for r in {self.of(k) for k in op.reads if k is not None}:
         self.last_use[r] = i
         fused_reader[r] = fused_reader.get(r, True) and kind != 'materialising'
         readers[r] = readers.get(r, 0) + 1
-      if _is_view(op.eqn) and op.reads[0] is not None:
+      if op.is_view() and op.reads[0] is not None:
         for out, source in zip(op.writes, op.reads):
           if source is not None:
             self.root[out] = self.of(source)
         continue
-      for out, var in zip(op.writes, op.eqn.outvars):
-        producer[out] = (kind == 'fusible', op.eqn.primitive.name in _EXPENSIVE)
-        self.size[out] = value_bytes(var)
+      for out, size in zip(op.writes, op.output_bytes()):
+        producer[out] = (kind == 'fusible', op.name in _EXPENSIVE)
+        self.size[out] = size
+        self.made_by[out] = op
     self.outputs = {self.of(k) for k in outputs}
     for r in self.outputs:
       self.last_use[r] = len(self.ops)
@@ -212,6 +290,8 @@ class _Scope:
         k: not (fusible and fused_reader.get(k, True) and k not in self.outputs
                 and (readers.get(k, 0) <= 1 or not expensive))
         for k, (fusible, expensive) in producer.items()}
+    if not backend.reductions_fuse_minor_broadcasts:
+      self._split_minor_broadcasts()
     # What a fused value reads must live until its last reader runs.
     for i in reversed(range(len(self.ops))):
       op = self.ops[i]
@@ -225,12 +305,44 @@ class _Scope:
     self.uncounted = {self.of(env.get(jaxpr.outvars[i], (0, jaxpr.outvars[i])))
                       for i in uncounted if isinstance(jaxpr.outvars[i], Var)}
 
+  def _split_minor_broadcasts(self) -> None:
+    """Materialise each value a reduction would fuse that reads a broadcast
+    along the minor dimension (``backend.py``)."""
+    seen: set = set()  # walked already, from any reduction: same answer
+    for i, op in enumerate(self.ops):
+      if not self.live[i] or op.added or op.kind() != 'reduction':
+        continue
+      fused = [self.of(k) for k in op.reads if k is not None]
+      while fused:
+        k = fused.pop()
+        if k in seen or self.materialised.get(k, True):
+          continue  # made apart already: the fusion stops there
+        seen.add(k)
+        maker = self.made_by[k]
+        if self._reads_minor_broadcast(maker):
+          self.materialised[k] = True
+        else:
+          fused += [self.of(r) for r in maker.reads if r is not None]
+
+  def _reads_minor_broadcast(self, op: _Op) -> bool:
+    if op.added:
+      return False
+    shape = getattr(op.eqn.outvars[0].aval, 'shape', ())
+    for var, k in zip(op.eqn.invars, op.reads):
+      operand = getattr(var.aval, 'shape', ())
+      if (shape and len(operand) == len(shape) and operand[-1] == 1 < shape[-1]):
+        return True  # broadcast by the equation itself, along a size-1 dimension
+      maker = self.made_by.get(self.of(k)) if k is not None else None
+      if maker is not None and not maker.added and broadcasts_along_minor_dimension(maker.eqn):
+        return True
+    return False
+
   def _live_ops(self, outputs) -> list[bool]:
     """Which equations feed an output or have effects; XLA drops the rest."""
     used = set(outputs)
     live = []
     for op in reversed(self.ops):
-      live.append(bool(op.eqn.effects) or any(k in used for k in op.writes))
+      live.append(op.has_effects() or any(k in used for k in op.writes))
       if live[-1]:
         used.update(k for k in op.reads if k is not None)
     return live[::-1]
@@ -249,13 +361,14 @@ class _Scope:
 
 
 def peak_bytes(jaxpr: Jaxpr | ClosedJaxpr, *, count_outputs: bool = True,
-               uncounted=()) -> int:
+               uncounted=(), backend: Backend = GENERIC) -> int:
   """The most bytes of values `jaxpr` makes that are live at once while it
   runs (its inputs not counted: its caller holds them); its outputs
   included unless `count_outputs` is False (the program's outputs, which XLA
   places apart); the outputs at positions `uncounted` never (a loop body's
-  stacked outputs, written into the loop's buffer)."""
-  scope = _Scope(_as_jaxpr(jaxpr), count_outputs, uncounted)
+  stacked outputs, written into the loop's buffer). `backend`: the rules of
+  the platform it will run on (``backend.py``)."""
+  scope = _Scope(_as_jaxpr(jaxpr), count_outputs, uncounted, backend)
   dies_at: dict[int, list] = {}
   for r, i in scope.last_use.items():
     dies_at.setdefault(i, []).append(r)
@@ -268,7 +381,7 @@ def peak_bytes(jaxpr: Jaxpr | ClosedJaxpr, *, count_outputs: bool = True,
     dying = dies_at.get(i, [])
     unread = [k for k in outs if k not in scope.last_use]
     reused = _reused_bytes(op, scope, outs, dying)
-    peak = max(peak, live + new - reused + _running_bytes(op.eqn))
+    peak = max(peak, live + new - reused + op.running_bytes(backend))
     live += new - sum(scope.allocated(r) for r in (*dying, *unread))
   return peak
 
@@ -278,26 +391,29 @@ def _reused_bytes(op: _Op, scope: _Scope, outs, dying) -> int:
   if not outs or not scope.allocated(outs[0]):
     return 0
   operands = {scope.of(k) for k in op.reads if k is not None}
-  if op.eqn.primitive.name in _IN_PLACE and op.reads[0] is not None:
+  if op.name in _IN_PLACE and op.reads[0] is not None:
     operand = scope.of(op.reads[0])
     return scope.allocated(operand) if operand in dying else 0
-  if _kind(op.eqn) == 'fusible':
+  if op.kind() == 'fusible':
     size = scope.allocated(outs[0])
     return size if any(scope.allocated(r) == size for r in dying
                        if r in operands) else 0
   return 0
 
 
-def _running_bytes(eqn: JaxprEqn) -> int:
+def _running_bytes(eqn: JaxprEqn, backend: Backend) -> int:
   """What a loop or branch holds while it runs beyond its outputs: its
   body's own peak."""
   name, params = eqn.primitive.name, eqn.params
   if name == 'scan':
     body = _as_jaxpr(params['jaxpr'])
     # The stacked outputs are written in place, a slice per iteration.
-    return peak_bytes(body, uncounted=range(params['num_carry'], len(body.outvars)))
+    return peak_bytes(body, uncounted=range(params['num_carry'], len(body.outvars)),
+                      backend=backend)
   if name == 'while':
-    return max(peak_bytes(params['body_jaxpr']), peak_bytes(params['cond_jaxpr']))
+    return max(peak_bytes(params['body_jaxpr'], backend=backend),
+               peak_bytes(params['cond_jaxpr'], backend=backend))
   if name == 'cond':
-    return max(peak_bytes(b) for b in params['branches'])
-  return max((peak_bytes(b) for b in jaxprs_in_params(params)), default=0)
+    return max(peak_bytes(b, backend=backend) for b in params['branches'])
+  return max((peak_bytes(b, backend=backend) for b in jaxprs_in_params(params)),
+             default=0)

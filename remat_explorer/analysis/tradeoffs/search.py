@@ -305,11 +305,11 @@ def _search_by_estimate(run: _Runner, names, policies, memory_budget) -> SearchR
   # own error allowed for (a candidate just over the budget by estimate may
   # fit once compiled, and beat one well under it); compiled in turn until
   # the next could not beat the best that fits.
-  may_fit = budget * (1 + _slack(estimates, compiled, predict))
+  may_fit = _may_fit(estimates, compiled, budget)
   rank = lambda label: (estimates[label].flops, estimates[label].peak_bytes,
                         label not in _OWN_LABELS)
   finalists = sorted((label for label, e in estimates.items()
-                      if predict(e.peak_bytes) <= may_fit), key=rank)
+                      if may_fit(e.peak_bytes)), key=rank)
   finalists = finalists or [min(estimates, key=lambda label: estimates[label].peak_bytes)]
   best = None
   for label in finalists:
@@ -328,36 +328,38 @@ def _search_by_estimate(run: _Runner, names, policies, memory_budget) -> SearchR
       for label, e in estimates.items() if label not in compiled])
 
 
+def _compiled_over_estimated(estimates, compiled) -> list[float]:
+  """The compiled peak over the estimated one, of each policy both estimated
+  and compiled."""
+  return [costs.peak_bytes / estimates[label].peak_bytes
+          for label, (costs, _) in compiled.items()
+          if label in estimates and not costs.failed and estimates[label].peak_bytes]
+
+
 def _calibrated(estimates, compiled) -> Callable[[int], float]:
-  """Compiled peak as a function of estimated peak, through the points of
-  the policies both estimated and compiled: a line through the lowest and
-  highest where it rises, else their mean ratio; the estimate itself
-  without any."""
-  points = sorted((estimates[label].peak_bytes, costs.peak_bytes)
-                  for label, (costs, _) in compiled.items()
-                  if label in estimates and not costs.failed)
-  if len(points) >= 2 and points[-1][0] > points[0][0] and points[-1][1] > points[0][1]:
-    (x0, y0), (x1, y1) = points[0], points[-1]
-    slope = (y1 - y0) / (x1 - x0)
-    return lambda estimate: y0 + slope * (estimate - x0)
-  if points:  # the mean ratio where no rising line goes through them
-    ratio = float(np.mean([y / x for x, y in points]))
-    return lambda estimate: estimate * ratio
-  return float
+  """Compiled peak as a function of estimated peak: the estimate scaled by
+  the mean ratio of the compiled to the estimated peak (the estimate itself
+  where nothing is compiled yet)."""
+  ratios = _compiled_over_estimated(estimates, compiled)
+  ratio = float(np.mean(ratios)) if ratios else 1.0
+  return lambda estimate: estimate * ratio
 
 
 _MIN_SLACK = 0.05
-"""The least error allowed a calibrated estimate of a peak."""
+"""How far over the budget a candidate's estimate may land, at the most
+favourable ratio compiled, and still be compiled: the estimate's error
+between policies the ratios do not show."""
 
 
-def _slack(estimates, compiled, predict) -> float:
-  """How far above the budget a calibrated estimate may lie and still fit:
-  its largest relative error on the policies compiled, at least
-  ``_MIN_SLACK``."""
-  errors = [abs(predict(estimates[label].peak_bytes) / costs.peak_bytes - 1)
-            for label, (costs, _) in compiled.items()
-            if label in estimates and not costs.failed and costs.peak_bytes]
-  return max([_MIN_SLACK, *errors])
+def _may_fit(estimates, compiled, budget) -> Callable[[int], bool]:
+  """Whether a candidate's estimated peak may fit once compiled: at the
+  lowest ratio of compiled to estimated peak seen on the policies compiled,
+  it lands within ``_MIN_SLACK`` of the budget. (Policies the estimate
+  cannot tell apart can compile to peaks 10% apart, no remat and
+  ``everything_saveable`` among them: a mean ratio would rule out the one
+  that fits.)"""
+  least = min(_compiled_over_estimated(estimates, compiled), default=1.0)
+  return lambda estimate: estimate * least <= budget * (1 + _MIN_SLACK)
 
 
 def _executed(costs: CompiledCosts, report: RematReport) -> float:
