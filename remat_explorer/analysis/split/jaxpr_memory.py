@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Var, jaxprs_in_params
@@ -136,19 +136,18 @@ class _Op:
   scope: str = ''
   added: str = ''
   added_bytes: int = 0
+  name: str = field(init=False)
+  kind: str = field(init=False)
+  """'fusible', 'reduction' or 'materialising' (see ``_kind``)."""
 
-  @property
-  def name(self) -> str:
-    return self.added or self.eqn.primitive.name
+  def __post_init__(self):
+    self.name = self.added or self.eqn.primitive.name
+    self.kind = ADDED_KINDS[self.added] if self.added else _kind(self.eqn)
 
   def is_backward(self) -> bool:
     """A backward-pass equation that is not remat's recompute."""
     return ('transpose(' in self.scope and RECOMPUTE_SCOPE not in self.scope
             and self.name != 'optimization_barrier')
-
-  def kind(self) -> str:
-    """'fusible', 'reduction' or 'materialising' (see ``_kind``)."""
-    return ADDED_KINDS[self.added] if self.added else _kind(self.eqn)
 
   def is_view(self) -> bool:
     return not self.added and _is_view(self.eqn)
@@ -162,8 +161,9 @@ class _Op:
     return [value_bytes(v) for v in self.eqn.outvars]
 
   def running_bytes(self, backend: Backend) -> int:
-    if self.added or not (self.eqn.primitive.name in _LOOPS_AND_BRANCHES
-                          or any(jaxprs_in_params(self.eqn.params))):
+    name = self.name
+    if (self.added or name in _IN_PLACE  # a scatter's combiner: scalars
+        or not (name in _LOOPS_AND_BRANCHES or any(jaxprs_in_params(self.eqn.params)))):
       return 0
     return _running_bytes(self.eqn, backend)
 
@@ -225,7 +225,7 @@ def _with_layout_copies(ops: list[_Op]) -> list[_Op]:
         at = made_at.get(source, -1)
         maker = ops[at] if at >= 0 else None
         # A cheap elementwise operand is computed again inside the copy.
-        repeated = (maker is not None and not maker.added and maker.kind() == 'fusible'
+        repeated = (maker is not None and not maker.added and maker.kind == 'fusible'
                     and maker.name not in _EXPENSIVE)
         reads = [k for k in maker.reads if k is not None] if repeated else [source]
         copies[key] = _Op(None, reads, [key], maker.scope if maker else '',
@@ -266,7 +266,7 @@ class _Scope:
     for i, op in enumerate(self.ops):
       if not self.live[i]:
         continue
-      kind = op.kind()
+      kind = op.kind
       for r in {self.of(k) for k in op.reads if k is not None}:
         self.last_use[r] = i
         fused_reader[r] = fused_reader.get(r, True) and kind != 'materialising'
@@ -304,13 +304,14 @@ class _Scope:
     self.inputs = {self.of(k) for k in self.inputs}
     self.uncounted = {self.of(env.get(jaxpr.outvars[i], (0, jaxpr.outvars[i])))
                       for i in uncounted if isinstance(jaxpr.outvars[i], Var)}
+    self.bytes = self._allocated_bytes()
 
   def _split_minor_broadcasts(self) -> None:
     """Materialise each value a reduction would fuse that reads a broadcast
     along the minor dimension (``backend.py``)."""
     seen: set = set()  # walked already, from any reduction: same answer
     for i, op in enumerate(self.ops):
-      if not self.live[i] or op.added or op.kind() != 'reduction':
+      if not self.live[i] or op.added or op.kind != 'reduction':
         continue
       fused = [self.of(k) for k in op.reads if k is not None]
       while fused:
@@ -352,12 +353,13 @@ class _Scope:
 
   def allocated(self, k) -> int:
     """Bytes the buffer rooted at `k` takes in this scope."""
-    if (k in self.inputs or k in self.uncounted
-        or not self.materialised.get(k, False)):
-      return 0
-    if k in self.outputs and not self.count_outputs:
-      return 0
-    return self.size[k]
+    return self.bytes.get(k, 0)
+
+  def _allocated_bytes(self) -> dict:
+    return {k: size for k, size in self.size.items()
+            if self.materialised.get(k, False) and k not in self.inputs
+            and k not in self.uncounted
+            and (self.count_outputs or k not in self.outputs)}
 
 
 def peak_bytes(jaxpr: Jaxpr | ClosedJaxpr, *, count_outputs: bool = True,
@@ -373,16 +375,17 @@ def peak_bytes(jaxpr: Jaxpr | ClosedJaxpr, *, count_outputs: bool = True,
   for r, i in scope.last_use.items():
     dies_at.setdefault(i, []).append(r)
   live = peak = 0
+  allocated, root, last_use = scope.bytes.get, scope.root, scope.last_use
   for i, op in enumerate(scope.ops):
     if not scope.live[i]:
       continue
-    outs = [k for k in op.writes if scope.of(k) == k]
-    new = sum(scope.allocated(k) for k in outs)
-    dying = dies_at.get(i, [])
-    unread = [k for k in outs if k not in scope.last_use]
-    reused = _reused_bytes(op, scope, outs, dying)
+    outs = [k for k in op.writes if k not in root]
+    new = sum(allocated(k, 0) for k in outs)
+    dying = dies_at.get(i, ())
+    reused = _reused_bytes(op, scope, outs, dying) if new else 0
     peak = max(peak, live + new - reused + op.running_bytes(backend))
-    live += new - sum(scope.allocated(r) for r in (*dying, *unread))
+    live += new - sum(allocated(r, 0) for r in dying)
+    live -= sum(allocated(k, 0) for k in outs if k not in last_use)  # never read
   return peak
 
 
@@ -394,7 +397,7 @@ def _reused_bytes(op: _Op, scope: _Scope, outs, dying) -> int:
   if op.name in _IN_PLACE and op.reads[0] is not None:
     operand = scope.of(op.reads[0])
     return scope.allocated(operand) if operand in dying else 0
-  if op.kind() == 'fusible':
+  if op.kind == 'fusible':
     size = scope.allocated(outs[0])
     return size if any(scope.allocated(r) == size for r in dying
                        if r in operands) else 0
