@@ -209,18 +209,16 @@ def test_a_search_ranked_by_estimate_compiles_only_finalists(budget):
     rx.search_policy(loss, *args, memory_budget=budget, rank_by_estimate='yes')
 
 
-@pytest.mark.parametrize('size', [
-    dict(num_layers=2, d_model=32, seq_len=16, batch=2, seed=4),
-    # No remat and everything_saveable: one estimate, compiled peaks 10% apart.
-    dict(num_layers=3, d_model=64, seq_len=64, batch=4, seed=5)])
-def test_a_search_ranked_by_estimate_is_not_beaten_by_the_program_itself(size):
-  """On these transformers under the default lowering (XLA merges the
-  recompute away), no remat's estimated peak lies just over the lowest
-  budget while its compiled peak fits it, with fewer FLOPs than any policy:
-  allowing for the estimate's error, the search compiles it and answers it,
-  and neither the program as written nor without remat, compiled, beats
-  the answer."""
-  loss, args = examples.transformer(**size)
+def test_a_search_ranked_by_estimate_is_not_beaten_by_the_program_itself():
+  """On this transformer under the default lowering (XLA merges the
+  recompute away), no remat's estimated peak lies over the lowest budget
+  while its compiled peak fits it, with fewer FLOPs than any policy: no
+  remat and everything_saveable have one estimate and compiled peaks 10%
+  apart, and a calibration that scales no remat's estimate as it does
+  everything_saveable's puts it over. Allowing for that, the search
+  compiles it and answers it, and neither the program as written nor
+  without remat, compiled, beats the answer."""
+  loss, args = examples.transformer(num_layers=3, d_model=64, seq_len=64, batch=4, seed=5)
   clear_caches()
   found = rx.search_policy(loss, *args, memory_budget=0.0, rank_by_estimate=True)
   assert found.compiles_used <= 3 and found.fits

@@ -66,11 +66,22 @@ def convolution_operands_to_copy(eqn: JaxprEqn) -> list[int]:
           if not in_order]
 
 
-def broadcasts_along_minor_dimension(eqn: JaxprEqn) -> bool:
-  """A ``broadcast_in_dim`` of an array that adds the result's minor
-  (last) dimension, as ``x - mean[..., None]`` does."""
-  if eqn.primitive.name != 'broadcast_in_dim':
+def reads_minor_broadcast(eqn: JaxprEqn, operand_makers) -> bool:
+  """Whether `eqn` reads an operand broadcast along its result's minor
+  (last) dimension: one whose last dimension of size 1 the equation
+  stretches (``x - mean`` with ``mean`` of shape ``(..., 1)``), or one made
+  by a ``broadcast_in_dim`` that adds that dimension. `operand_makers`: the
+  equation that made each operand (None for an input)."""
+  shape = getattr(eqn.outvars[0].aval, 'shape', ())
+  if not shape:
     return False
-  shape = eqn.outvars[0].aval.shape
-  dims = eqn.params['broadcast_dimensions']
-  return bool(dims) and len(shape) > 0 and (len(shape) - 1) not in dims
+  for var, maker in zip(eqn.invars, operand_makers):
+    operand = getattr(var.aval, 'shape', ())
+    if len(operand) == len(shape) and operand[-1] == 1 < shape[-1]:
+      return True
+    if maker is not None and maker.primitive.name == 'broadcast_in_dim':
+      dims = maker.params['broadcast_dimensions']
+      made = maker.outvars[0].aval.shape
+      if dims and (len(made) - 1) not in dims and made[-1] > 1:
+        return True
+  return False

@@ -38,8 +38,8 @@ from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Var, jaxprs_in_params
 
 from remat_explorer.analysis.source.origins import CALL_PRIMITIVES
 from remat_explorer.analysis.split.backend import (GENERIC, Backend,
-                                                   broadcasts_along_minor_dimension,
-                                                   convolution_operands_to_copy)
+                                                   convolution_operands_to_copy,
+                                                   reads_minor_broadcast)
 from remat_explorer.engine import RECOMPUTE_SCOPE
 
 # Equations XLA fuses with their producers and consumers: one output element
@@ -328,15 +328,9 @@ class _Scope:
   def _reads_minor_broadcast(self, op: _Op) -> bool:
     if op.added:
       return False
-    shape = getattr(op.eqn.outvars[0].aval, 'shape', ())
-    for var, k in zip(op.eqn.invars, op.reads):
-      operand = getattr(var.aval, 'shape', ())
-      if (shape and len(operand) == len(shape) and operand[-1] == 1 < shape[-1]):
-        return True  # broadcast by the equation itself, along a size-1 dimension
-      maker = self.made_by.get(self.of(k)) if k is not None else None
-      if maker is not None and not maker.added and broadcasts_along_minor_dimension(maker.eqn):
-        return True
-    return False
+    makers = [self.made_by.get(self.of(k)) if k is not None else None for k in op.reads]
+    return reads_minor_broadcast(
+        op.eqn, [m.eqn if m is not None and not m.added else None for m in makers])
 
   def _live_ops(self, outputs) -> list[bool]:
     """Which equations feed an output or have effects; XLA drops the rest."""
