@@ -83,11 +83,8 @@ def value_bytes(atom) -> int:
   shape, dtype = getattr(aval, 'shape', None), getattr(aval, 'dtype', None)
   if shape is None or dtype is None:
     return 0
-  try:
-    itemsize = np.dtype(dtype).itemsize
-  except TypeError:  # extended dtypes (PRNG keys): their data's size
-    itemsize = getattr(dtype, 'itemsize', 4)
-  return math.prod(shape) * itemsize
+  itemsize = getattr(dtype, 'itemsize', None)  # extended dtypes: their data's
+  return math.prod(shape) * (4 if itemsize is None else itemsize)
 
 
 def _as_jaxpr(jaxpr: Jaxpr | ClosedJaxpr) -> Jaxpr:
@@ -139,6 +136,8 @@ class _Op:
   name: str = field(init=False)
   kind: str = field(init=False)
   """'fusible', 'reduction' or 'materialising' (see ``_kind``)."""
+  roots: set = field(init=False, default_factory=set)
+  """The buffers it reads (a view's is its source's), once `_Scope` knows."""
 
   def __post_init__(self):
     self.name = self.added or self.eqn.primitive.name
@@ -263,11 +262,13 @@ class _Scope:
     self.last_use: dict = {}
     producer: dict = {}  # root -> (fusible, expensive)
     self.made_by: dict = {}  # root -> the operation that writes it
+    root = self.root.get
     for i, op in enumerate(self.ops):
       if not self.live[i]:
         continue
       kind = op.kind
-      for r in {self.of(k) for k in op.reads if k is not None}:
+      op.roots = {root(k, k) for k in op.reads if k is not None}
+      for r in op.roots:
         self.last_use[r] = i
         fused_reader[r] = fused_reader.get(r, True) and kind != 'materialising'
         readers[r] = readers.get(r, 0) + 1
@@ -295,10 +296,12 @@ class _Scope:
     # What a fused value reads must live until its last reader runs.
     for i in reversed(range(len(self.ops))):
       op = self.ops[i]
+      if not self.live[i]:
+        continue
       ends = [self.last_use[k] for k in op.writes
-              if self.live[i] and self.of(k) == k and k in self.last_use
+              if k not in self.root and k in self.last_use
               and not self.materialised.get(k, True)]
-      for r in {self.of(k) for k in op.reads if k is not None} if ends else ():
+      for r in op.roots if ends else ():
         self.last_use[r] = max(self.last_use[r], *ends)
     self.count_outputs = count_outputs
     self.inputs = {self.of(k) for k in self.inputs}
@@ -313,7 +316,7 @@ class _Scope:
     for i, op in enumerate(self.ops):
       if not self.live[i] or op.added or op.kind != 'reduction':
         continue
-      fused = [self.of(k) for k in op.reads if k is not None]
+      fused = list(op.roots)
       while fused:
         k = fused.pop()
         if k in seen or self.materialised.get(k, True):
@@ -323,7 +326,7 @@ class _Scope:
         if self._reads_minor_broadcast(maker):
           self.materialised[k] = True
         else:
-          fused += [self.of(r) for r in maker.reads if r is not None]
+          fused += maker.roots
 
   def _reads_minor_broadcast(self, op: _Op) -> bool:
     if op.added:
@@ -387,7 +390,7 @@ def _reused_bytes(op: _Op, scope: _Scope, outs, dying) -> int:
   """Bytes of a dying operand an output is written over."""
   if not outs or not scope.allocated(outs[0]):
     return 0
-  operands = {scope.of(k) for k in op.reads if k is not None}
+  operands = op.roots
   if op.name in _IN_PLACE and op.reads[0] is not None:
     operand = scope.of(op.reads[0])
     return scope.allocated(operand) if operand in dying else 0
