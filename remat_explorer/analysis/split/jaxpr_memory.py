@@ -33,7 +33,6 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Var, jaxprs_in_params
 
 from remat_explorer.analysis.source.origins import CALL_PRIMITIVES
