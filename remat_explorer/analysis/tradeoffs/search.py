@@ -345,7 +345,7 @@ def _calibrated(estimates, compiled) -> Callable[[int], float]:
   return lambda estimate: estimate * ratio
 
 
-_MIN_SLACK = 0.05
+_SLACK = 0.05
 """How far over the budget a candidate's estimate may land, at the most
 favourable ratio compiled, and still be compiled: the estimate's error
 between policies the ratios do not show."""
@@ -354,12 +354,12 @@ between policies the ratios do not show."""
 def _may_fit(estimates, compiled, budget) -> Callable[[int], bool]:
   """Whether a candidate's estimated peak may fit once compiled: at the
   lowest ratio of compiled to estimated peak seen on the policies compiled,
-  it lands within ``_MIN_SLACK`` of the budget. (Policies the estimate
+  it lands within ``_SLACK`` of the budget. (Policies the estimate
   cannot tell apart can compile to peaks 10% apart, no remat and
   ``everything_saveable`` among them: a mean ratio would rule out the one
   that fits.)"""
   least = min(_compiled_over_estimated(estimates, compiled), default=1.0)
-  return lambda estimate: estimate * least <= budget * (1 + _MIN_SLACK)
+  return lambda estimate: estimate * least <= budget * (1 + _SLACK)
 
 
 def _executed(costs: CompiledCosts, report: RematReport) -> float:
