@@ -85,11 +85,12 @@ _CPU_CASES = {
 }
 
 
+@pytest.mark.skipif(jax.devices()[0].platform != 'cpu',
+                    reason="the rules read off XLA:CPU's programs apply on the CPU alone")
 @pytest.mark.parametrize('case', sorted(_CPU_CASES))
 def test_the_cpu_rules_bring_the_estimate_to_the_compiled_peak(case, monkeypatch):
   """With the CPU's rules the estimate lands near XLA:CPU's peak; the same
   model without them (the generic rules other platforms get) misses it."""
-  assert jax.devices()[0].platform == 'cpu'
   loss, args = _CPU_CASES[case]()
   policy = cp.nothing_saveable
   clear_caches()
