@@ -246,20 +246,19 @@ class _Scope:
   def __init__(self, jaxpr: Jaxpr, count_outputs: bool, uncounted=(),
                backend: Backend = GENERIC):
     env: dict = {}
-    self.inputs: set = {(0, v) for v in jaxpr.invars}
+    inputs: set = {(0, v) for v in jaxpr.invars}
     self.ops: list[_Op] = []
-    _flatten(jaxpr, env, 0, itertools.count(1), self.ops, self.inputs)
+    _flatten(jaxpr, env, 0, itertools.count(1), self.ops, inputs)
     if backend.convolution_layouts:
       self.ops = _with_layout_copies(self.ops)
     self.ops = _in_schedule_order(self.ops)
     self.root: dict = {}
-    self.size: dict = {}
+    size: dict = {}  # root -> its bytes
     outputs = [env.get(v, (0, v)) for v in jaxpr.outvars if isinstance(v, Var)]
     self.live = self._live_ops(outputs)
     fused_reader: dict = {}  # root -> read only by fusing equations
     readers: dict = {}
     self.last_use: dict = {}
-    producer: dict = {}  # root -> (fusible, expensive)
     self.made_by: dict = {}  # root -> the operation that writes it
     root = self.root.get
     for i, op in enumerate(self.ops):
@@ -276,9 +275,8 @@ class _Scope:
           if source is not None:
             self.root[out] = self.of(source)
         continue
-      for out, size in zip(op.writes, op.output_bytes()):
-        producer[out] = (kind == 'fusible', op.name in _EXPENSIVE)
-        self.size[out] = size
+      for out, out_bytes in zip(op.writes, op.output_bytes()):
+        size[out] = out_bytes
         self.made_by[out] = op
     self.outputs = {self.of(k) for k in outputs}
     for r in self.outputs:
@@ -287,9 +285,9 @@ class _Scope:
     # returned; XLA repeats a cheap producer in each reader, not an
     # expensive one.
     self.materialised = {
-        k: not (fusible and fused_reader.get(k, True) and k not in self.outputs
-                and (readers.get(k, 0) <= 1 or not expensive))
-        for k, (fusible, expensive) in producer.items()}
+        k: not (op.kind == 'fusible' and fused_reader.get(k, True) and k not in self.outputs
+                and (readers.get(k, 0) <= 1 or op.name not in _EXPENSIVE))
+        for k, op in self.made_by.items()}
     if not backend.reductions_fuse_minor_broadcasts:
       self._split_minor_broadcasts()
     # What a fused value reads must live until its last reader runs.
@@ -302,11 +300,13 @@ class _Scope:
               and not self.materialised.get(k, True)]
       for r in op.roots if ends else ():
         self.last_use[r] = max(self.last_use[r], *ends)
-    self.count_outputs = count_outputs
-    self.inputs = {self.of(k) for k in self.inputs}
-    self.uncounted = {self.of(env.get(jaxpr.outvars[i], (0, jaxpr.outvars[i])))
-                      for i in uncounted if isinstance(jaxpr.outvars[i], Var)}
-    self.bytes = self._allocated_bytes()
+    inputs = {self.of(k) for k in inputs}
+    uncounted = {self.of(env.get(jaxpr.outvars[i], (0, jaxpr.outvars[i])))
+                 for i in uncounted if isinstance(jaxpr.outvars[i], Var)}
+    # The bytes of each buffer this scope allocates itself.
+    self.bytes = {k: n for k, n in size.items()
+                  if self.materialised[k] and k not in inputs and k not in uncounted
+                  and (count_outputs or k not in self.outputs)}
 
   def _split_minor_broadcasts(self) -> None:
     """Materialise each value a reduction would fuse that reads a broadcast
@@ -350,12 +350,6 @@ class _Scope:
   def allocated(self, k) -> int:
     """Bytes the buffer rooted at `k` takes in this scope."""
     return self.bytes.get(k, 0)
-
-  def _allocated_bytes(self) -> dict:
-    return {k: size for k, size in self.size.items()
-            if self.materialised.get(k, False) and k not in self.inputs
-            and k not in self.uncounted
-            and (self.count_outputs or k not in self.outputs)}
 
 
 def peak_bytes(jaxpr: Jaxpr | ClosedJaxpr, *, count_outputs: bool = True,
