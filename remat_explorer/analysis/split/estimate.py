@@ -141,8 +141,12 @@ def residual_bytes(closed: ClosedJaxpr) -> int:
   read: the residuals, as ``analyze`` counts them."""
   forward: set[Var] = set(closed.jaxpr.invars)
   read: set[Var] = set()
+  backward: dict[int, tuple] = {}  # name stacks are shared: each read once
   for eqn in closed.jaxpr.eqns:
-    if 'transpose(' in str(eqn.source_info.name_stack):
+    stack = eqn.source_info.name_stack
+    if id(stack) not in backward:
+      backward[id(stack)] = stack, 'transpose(' in str(stack)
+    if backward[id(stack)][1]:
       read.update(v for v in eqn.invars if isinstance(v, Var) and v in forward)
     else:
       forward.update(eqn.outvars)

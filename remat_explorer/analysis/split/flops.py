@@ -52,7 +52,7 @@ class EquationFlops:
   transcendentals: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Cost:
   flops: int = 0
   transcendentals: int = 0
@@ -89,6 +89,7 @@ _PER_ELEMENT: dict[str, tuple[int, int]] = {
     'digamma': (73, 3), 'bessel_i0e': (83, 1), 'bessel_i1e': (83, 1),
     'nextafter': (23, 0),
 }
+_FREE = _Cost()
 _SCAN_BLOCK = 16  # the base length of XLA's ReduceWindowRewriter on CPU
 
 
@@ -210,7 +211,7 @@ def live_equations(jaxpr: Jaxpr) -> list[bool]:
   used = {v for v in jaxpr.outvars if isinstance(v, Var)}
   live = []
   for eqn in reversed(jaxpr.eqns):
-    live.append(bool(eqn.effects) or any(v in used for v in eqn.outvars))
+    live.append(bool(eqn.effects) or not used.isdisjoint(eqn.outvars))
     if live[-1]:
       used.update(v for v in eqn.invars if isinstance(v, Var))
   return live[::-1]
@@ -228,7 +229,15 @@ def _costs(jaxpr: Jaxpr | ClosedJaxpr
 
 
 def _jaxpr_cost(jaxpr: Jaxpr | ClosedJaxpr) -> _Cost:
-  return sum((cost for _, cost, _, _ in _costs(jaxpr)), _Cost())
+  # Summed as plain numbers: this runs once per equation of every estimate.
+  jaxpr = _as_jaxpr(jaxpr)
+  flops = transcendentals = 0
+  for eqn, live in zip(jaxpr.eqns, live_equations(jaxpr)):
+    if live:
+      cost = _eqn_cost(eqn)[0]
+      flops += cost.flops
+      transcendentals += cost.transcendentals
+  return _Cost(flops, transcendentals)
 
 
 def _shard_count(eqn: JaxprEqn) -> int:
@@ -243,7 +252,11 @@ def _eqn_cost(eqn: JaxprEqn) -> tuple[_Cost, int | None, str]:
   if name in _RULES:
     return _Cost(_RULES[name](eqn)), None, ''
   if name in _PER_ELEMENT:
-    return _Cost(*_PER_ELEMENT[name]).times(_out_size(eqn)), None, ''
+    flops, transcendentals = _PER_ELEMENT[name]
+    if not (flops or transcendentals):
+      return _FREE, None, ''
+    n = _out_size(eqn)
+    return _Cost(flops * n, transcendentals * n), None, ''
   if name == 'scan':
     length = params['length']
     return (_jaxpr_cost(params['jaxpr']).times(length), length,

@@ -115,12 +115,13 @@ def _call_body(eqn: JaxprEqn) -> Jaxpr | None:
   return None if body is None else _as_jaxpr(body)
 
 
-# A value of the flattened program: (which inlined call, its variable), or
-# (a copy XLA adds, the value it copies).
-Key = tuple
+# A value of the flattened program: a number, one per variable of each
+# inlined call (a body called twice has two sets), or, for a copy XLA adds,
+# ('layout copy', the value it copies, the operand position).
+Key = int | tuple
 
 
-@dataclass
+@dataclass(slots=True)
 class _Op:
   """One equation of a jaxpr with its calls inlined, reading and writing
   values by key; `scope` is its name stack, the calls' around it. An
@@ -135,7 +136,7 @@ class _Op:
   name: str = field(init=False)
   kind: str = field(init=False)
   """'fusible', 'reduction' or 'materialising' (see ``_kind``)."""
-  roots: set = field(init=False, default_factory=set)
+  roots: frozenset | set = field(init=False, default=frozenset())
   """The buffers it reads (a view's is its source's), once `_Scope` knows."""
 
   def __post_init__(self):
@@ -166,24 +167,35 @@ class _Op:
     return _running_bytes(self.eqn, backend)
 
 
-def _flatten(jaxpr: Jaxpr, env: dict, instance: int, counter, ops: list,
-             inputs: set, scope: str = '') -> None:
-  """Append `jaxpr`'s equations to `ops`, calls inlined (their bodies'
-  values keyed apart, since one body may be called twice)."""
-  inputs.update((instance, v) for v in jaxpr.constvars)
+def _flatten(jaxpr: Jaxpr, env: dict, counter, ops: list, inputs: set,
+             scope: str = '', scopes: dict | None = None) -> None:
+  """Append `jaxpr`'s equations to `ops`, calls inlined. `env` holds the
+  key of each variable of `jaxpr` bound so far (its inputs'), and gains
+  the others' as they are made: fresh numbers from `counter`."""
+  for v in jaxpr.constvars:
+    env[v] = next(counter)
+    inputs.add(env[v])
+  # Equations share name stacks, and spelling one out is the costly part:
+  # each is spelled once (keyed by identity, the stack kept alive here).
+  scopes = {} if scopes is None else scopes
   for eqn in jaxpr.eqns:
-    reads = [env.get(v, (instance, v)) if isinstance(v, Var) else None
-             for v in eqn.invars]
+    reads = [env[v] if isinstance(v, Var) else None for v in eqn.invars]
     body = _call_body(eqn)
-    where = f'{scope}/{eqn.source_info.name_stack}'
+    stack = eqn.source_info.name_stack
+    spelled = scopes.get((id(stack), scope))
+    if spelled is None:
+      spelled = scopes[id(stack), scope] = (stack, f'{scope}/{stack}')
+    where = spelled[1]
     if body is None:
-      ops.append(_Op(eqn, reads, [(instance, v) for v in eqn.outvars], where))
+      writes = [next(counter) for _ in eqn.outvars]
+      env.update(zip(eqn.outvars, writes))
+      ops.append(_Op(eqn, reads, writes, where))
       continue
-    inner = next(counter)
-    inner_env = {v: k for v, k in zip(body.invars, reads) if k is not None}
-    _flatten(body, inner_env, inner, counter, ops, inputs, where)
+    # A literal argument is a value nothing makes: a fresh key.
+    inner_env = {v: next(counter) if k is None else k for v, k in zip(body.invars, reads)}
+    _flatten(body, inner_env, counter, ops, inputs, where, scopes)
     for out, result in zip(eqn.outvars, body.outvars):
-      env[out] = inner_env.get(result, (inner, result)) if isinstance(result, Var) else None
+      env[out] = inner_env[result] if isinstance(result, Var) else None
 
 
 def _in_schedule_order(ops: list[_Op]) -> list[_Op]:
@@ -245,16 +257,17 @@ class _Scope:
 
   def __init__(self, jaxpr: Jaxpr, count_outputs: bool, uncounted=(),
                backend: Backend = GENERIC):
-    env: dict = {}
-    inputs: set = {(0, v) for v in jaxpr.invars}
+    counter = itertools.count()
+    env: dict = {v: next(counter) for v in jaxpr.invars}
+    inputs: set = set(env.values())
     self.ops: list[_Op] = []
-    _flatten(jaxpr, env, 0, itertools.count(1), self.ops, inputs)
+    _flatten(jaxpr, env, counter, self.ops, inputs)
     if backend.convolution_layouts:
       self.ops = _with_layout_copies(self.ops)
     self.ops = _in_schedule_order(self.ops)
     self.root: dict = {}
     size: dict = {}  # root -> its bytes
-    outputs = [env.get(v, (0, v)) for v in jaxpr.outvars if isinstance(v, Var)]
+    outputs = [env[v] for v in jaxpr.outvars if isinstance(v, Var)]
     self.live = self._live_ops(outputs)
     fused_reader: dict = {}  # root -> read only by fusing equations
     readers: dict = {}
@@ -301,7 +314,7 @@ class _Scope:
       for r in op.roots if ends else ():
         self.last_use[r] = max(self.last_use[r], *ends)
     inputs = {self.of(k) for k in inputs}
-    uncounted = {self.of(env.get(jaxpr.outvars[i], (0, jaxpr.outvars[i])))
+    uncounted = {self.of(env[jaxpr.outvars[i]])
                  for i in uncounted if isinstance(jaxpr.outvars[i], Var)}
     # The bytes of each buffer this scope allocates itself.
     self.bytes = {k: n for k, n in size.items()
@@ -339,7 +352,7 @@ class _Scope:
     used = set(outputs)
     live = []
     for op in reversed(self.ops):
-      live.append(op.has_effects() or any(k in used for k in op.writes))
+      live.append(op.has_effects() or not used.isdisjoint(op.writes))
       if live[-1]:
         used.update(k for k in op.reads if k is not None)
     return live[::-1]
@@ -366,16 +379,22 @@ def peak_bytes(jaxpr: Jaxpr | ClosedJaxpr, *, count_outputs: bool = True,
     dies_at.setdefault(i, []).append(r)
   live = peak = 0
   allocated, root, last_use = scope.bytes.get, scope.root, scope.last_use
-  for i, op in enumerate(scope.ops):
-    if not scope.live[i]:
+  for op, is_live, dying in zip(scope.ops, scope.live,
+                                (dies_at.get(i, ()) for i in range(len(scope.ops)))):
+    if not is_live:
       continue
     outs = [k for k in op.writes if k not in root]
-    new = sum(allocated(k, 0) for k in outs)
-    dying = dies_at.get(i, ())
+    new = never_read = 0
+    for k in outs:
+      n = allocated(k, 0)
+      new += n
+      if k not in last_use:
+        never_read += n
     reused = _reused_bytes(op, scope, outs, dying) if new else 0
     peak = max(peak, live + new - reused + op.running_bytes(backend))
-    live += new - sum(allocated(r, 0) for r in dying)
-    live -= sum(allocated(k, 0) for k in outs if k not in last_use)  # never read
+    live += new - never_read
+    for r in dying:
+      live -= allocated(r, 0)
   return peak
 
 
