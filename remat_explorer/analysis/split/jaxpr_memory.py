@@ -161,7 +161,9 @@ class _Op:
 
   def running_bytes(self, backend: Backend) -> int:
     name = self.name
-    if (self.added or name in _IN_PLACE  # a scatter's combiner: scalars
+    # Fusible equations and reductions have no bodies; a scatter's combiner
+    # works on scalars.
+    if (self.added or self.kind != 'materialising' or name in _IN_PLACE
         or not (name in _LOOPS_AND_BRANCHES or any(jaxprs_in_params(self.eqn.params)))):
       return 0
     return _running_bytes(self.eqn, backend)
