@@ -124,13 +124,14 @@ Key = int | tuple
 @dataclass(slots=True)
 class _Op:
   """One equation of a jaxpr with its calls inlined, reading and writing
-  values by key; `scope` is its name stack, the calls' around it. An
+  values by key; `in_backward`: its name stack (the calls' around it
+  included) is the backward pass's, not remat's recompute. An
   operation XLA adds that the jaxpr does not have (``backend.py``) has no
   equation: `added` says what it is and `added_bytes` what it writes."""
   eqn: JaxprEqn | None
   reads: list
   writes: list
-  scope: str = ''
+  in_backward: bool = False
   added: str = ''
   added_bytes: int = 0
   name: str = field(init=False)
@@ -145,8 +146,7 @@ class _Op:
 
   def is_backward(self) -> bool:
     """A backward-pass equation that is not remat's recompute."""
-    return ('transpose(' in self.scope and RECOMPUTE_SCOPE not in self.scope
-            and self.name != 'optimization_barrier')
+    return self.in_backward and self.name != 'optimization_barrier'
 
   def is_view(self) -> bool:
     return not self.added and _is_view(self.eqn)
@@ -186,12 +186,14 @@ def _flatten(jaxpr: Jaxpr, env: dict, counter, ops: list, inputs: set,
     stack = eqn.source_info.name_stack
     spelled = scopes.get((id(stack), scope))
     if spelled is None:
-      spelled = scopes[id(stack), scope] = (stack, f'{scope}/{stack}')
-    where = spelled[1]
+      where = f'{scope}/{stack}'
+      spelled = scopes[id(stack), scope] = (
+          stack, where, 'transpose(' in where and RECOMPUTE_SCOPE not in where)
+    _, where, in_backward = spelled
     if body is None:
       writes = [next(counter) for _ in eqn.outvars]
       env.update(zip(eqn.outvars, writes))
-      ops.append(_Op(eqn, reads, writes, where))
+      ops.append(_Op(eqn, reads, writes, in_backward))
       continue
     # A literal argument is a value nothing makes: a fresh key.
     inner_env = {v: next(counter) if k is None else k for v, k in zip(body.invars, reads)}
@@ -211,7 +213,7 @@ def _in_schedule_order(ops: list[_Op]) -> list[_Op]:
   waiting: set = set()
   early, late = [], []
   for op in ops:
-    if op.is_backward() or any(k in waiting for k in op.reads):
+    if op.is_backward() or not waiting.isdisjoint(op.reads):
       late.append(op)
       waiting.update(op.writes)
     else:
@@ -240,7 +242,7 @@ def _with_layout_copies(ops: list[_Op]) -> list[_Op]:
         repeated = (maker is not None and not maker.added and maker.kind == 'fusible'
                     and maker.name not in _EXPENSIVE)
         reads = [k for k in maker.reads if k is not None] if repeated else [source]
-        copies[key] = _Op(None, reads, [key], maker.scope if maker else '',
+        copies[key] = _Op(None, reads, [key], maker.in_backward if maker else False,
                           added='layout copy',
                           added_bytes=value_bytes(op.eqn.invars[position]))
         after.setdefault(at, []).append(copies[key])
