@@ -1,4 +1,13 @@
-"""The suite's order: the longest runs first.
+"""The suite's XLA cache, and its order: the longest runs first.
+
+Many tests compile the same programs again in other processes (the two
+workers, each notebook's kernel, the sharded checks' subprocess) or in
+eager control flow (an eager ``cond`` compiles its branches on each call).
+The suite gives them one JAX persistent compilation cache, a new directory
+for each run, so a program XLA compiled once is loaded the next time: JAX
+keys an entry on the program and the compile options, so a changed program
+or option still compiles. Every process the suite starts inherits it
+through the environment. A cache directory already set is kept.
 
 Under ``-n 2 --dist loadgroup`` a worker takes the next test (or the next
 group of tests that share one worker) as it frees up, in collection order.
@@ -6,6 +15,32 @@ A long group collected last would leave the other worker idle while it
 runs, so the groups and the slowest modules are moved to the front; the
 rest keep their order.
 """
+
+import os
+import shutil
+import tempfile
+
+try:
+  import filelock  # noqa: F401  JAX locks its cache with it once the cache has a size
+except ImportError:
+  filelock = None
+
+# Without a size, JAX writes an entry in place unlocked, and a process
+# reading it meanwhile gets a truncated one (JAX warns and compiles); with
+# a size it takes a file lock around each read and write.
+_OWN_CACHE = (filelock is not None and 'PYTEST_XDIST_WORKER' not in os.environ
+              and 'JAX_COMPILATION_CACHE_DIR' not in os.environ)
+if _OWN_CACHE:  # set before JAX is imported, which reads it then
+  os.environ.update(JAX_COMPILATION_CACHE_DIR=tempfile.mkdtemp(prefix='remat-explorer-xla-'),
+                    JAX_COMPILATION_CACHE_MAX_SIZE=str(4 << 30),
+                    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
+                    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0')
+
+
+def pytest_unconfigure(config):
+  if _OWN_CACHE:
+    shutil.rmtree(os.environ['JAX_COMPILATION_CACHE_DIR'], ignore_errors=True)
+
 
 # Modules whose tests take tens of seconds each (notebooks run in kernels of
 # their own; the sharded checks in a subprocess with 8 host devices).
