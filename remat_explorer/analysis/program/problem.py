@@ -26,6 +26,7 @@ import jax
 from jax.extend import core
 import numpy as np
 
+from remat_explorer.analysis.cache import ResultCache
 from remat_explorer.analysis.source.origins import display_name, user_frames
 from remat_explorer.analysis.program.blocks import NO_REMAT, check_block_names, find_blocks
 from remat_explorer.analysis.program.devices import check_one_device_set
@@ -33,6 +34,7 @@ from remat_explorer.engine import checkpoint, debug_info_of, enclosing_strategy
 
 
 _TRACED = (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct)
+_programs = ResultCache(max_entries=32)
 
 
 class Problem:
@@ -128,13 +130,20 @@ class Problem:
     return flat
 
   def traced(self) -> core.ClosedJaxpr:
-    """The user's program as a jaxpr (traced once); a function jitted at
-    the top with no shardings or donations is its inner function."""
+    """The user's program as a jaxpr; a function jitted at the top with no
+    shardings or donations is its inner function. Traced once for every
+    call on the same function and arguments (as ``jax.jit`` traces once):
+    each policy a comparison or a search tries reads the same trace."""
     if self._traced is None:
-      closed = jax.make_jaxpr(self.flat_function())(*self.leaves)
-      closed = _inline_plain_jit(closed)
-      refuse_if_it_differentiates(closed, self.name)
-      self._traced = closed
+      key = self.cache_key('program')
+      found = _programs.get(key)
+      if found is None:
+        closed = jax.make_jaxpr(self.flat_function())(*self.leaves)
+        closed = _inline_plain_jit(closed)
+        refuse_if_it_differentiates(closed, self.name)
+        found = closed, self.num_outputs, self._output
+        _programs.put(key, found)
+      self._traced, self.num_outputs, self._output = found
     return self._traced
 
   def program_with_blocks(self, policy, lowering):
