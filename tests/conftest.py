@@ -20,19 +20,10 @@ import os
 import shutil
 import tempfile
 
-try:
-  import filelock  # noqa: F401  JAX locks its cache with it once the cache has a size
-except ImportError:
-  filelock = None
-
-# Without a size, JAX writes an entry in place unlocked, and a process
-# reading it meanwhile gets a truncated one (JAX warns and compiles); with
-# a size it takes a file lock around each read and write.
-_OWN_CACHE = (filelock is not None and 'PYTEST_XDIST_WORKER' not in os.environ
+_OWN_CACHE = ('PYTEST_XDIST_WORKER' not in os.environ
               and 'JAX_COMPILATION_CACHE_DIR' not in os.environ)
 if _OWN_CACHE:  # set before JAX is imported, which reads it then
   os.environ.update(JAX_COMPILATION_CACHE_DIR=tempfile.mkdtemp(prefix='remat-explorer-xla-'),
-                    JAX_COMPILATION_CACHE_MAX_SIZE=str(4 << 30),
                     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
                     JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0')
 
