@@ -229,7 +229,8 @@ def _costs(jaxpr: Jaxpr | ClosedJaxpr
 
 
 def _jaxpr_cost(jaxpr: Jaxpr | ClosedJaxpr) -> _Cost:
-  # Summed as plain numbers: this runs once per equation of every estimate.
+  # Summed as plain numbers, not `_Cost`s: an estimate sums every equation
+  # of the step.
   jaxpr = _as_jaxpr(jaxpr)
   flops = transcendentals = 0
   for eqn, live in zip(jaxpr.eqns, live_equations(jaxpr)):

@@ -177,8 +177,8 @@ def _flatten(jaxpr: Jaxpr, env: dict, counter, ops: list, inputs: set,
   for v in jaxpr.constvars:
     env[v] = next(counter)
     inputs.add(env[v])
-  # Equations share name stacks, and spelling one out is the costly part:
-  # each is spelled once (keyed by identity, the stack kept alive here).
+  # Equations share name stacks: each is spelled out and read once (keyed
+  # by identity, the stack kept alive here).
   scopes = {} if scopes is None else scopes
   for eqn in jaxpr.eqns:
     reads = [env[v] if isinstance(v, Var) else None for v in eqn.invars]
@@ -383,10 +383,10 @@ def peak_bytes(jaxpr: Jaxpr | ClosedJaxpr, *, count_outputs: bool = True,
     dies_at.setdefault(i, []).append(r)
   live = peak = 0
   allocated, root, last_use = scope.bytes.get, scope.root, scope.last_use
-  for op, is_live, dying in zip(scope.ops, scope.live,
-                                (dies_at.get(i, ()) for i in range(len(scope.ops)))):
+  for i, (op, is_live) in enumerate(zip(scope.ops, scope.live)):
     if not is_live:
       continue
+    dying = dies_at.get(i, ())
     outs = [k for k in op.writes if k not in root]
     new = never_read = 0
     for k in outs:
