@@ -115,10 +115,9 @@ def _call_body(eqn: JaxprEqn) -> Jaxpr | None:
   return None if body is None else _as_jaxpr(body)
 
 
-# A value of the flattened program: a number, one per variable of each
-# inlined call (a body called twice has two sets), or, for a copy XLA adds,
-# ('layout copy', the value it copies, the operand position).
-Key = int | tuple
+# A value of the flattened program is keyed by a number, one per variable
+# of each inlined call (a body called twice has two sets), or, for a copy
+# XLA adds, by ('layout copy', the value it copies, the operand position).
 
 
 @dataclass(slots=True)
