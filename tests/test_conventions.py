@@ -114,7 +114,7 @@ def test_public_api_is_reexported_at_top_level():
 # Subpackages of a layer package, lowest first; a module imports from its own
 # subpackage, a lower one, or the package's shared top-level modules.
 LAYERS = {
-    'analysis': ('source', 'policies', 'program', 'split', 'xla', 'tradeoffs'),
+    'analysis': ('source', 'policies', 'targets', 'program', 'split', 'xla', 'tradeoffs'),
     'viz': ('diagram', 'charts', 'html', 'widget'),
 }
 

@@ -16,20 +16,24 @@
 All four take sharded programs (arguments on a mesh, ``in_shardings``,
 ``shard_map``) and then report per device: each residual's sharding and
 shard, XLA's memory and FLOPs of the partitioned executable, and the
-collectives the recompute re-runs.
+collectives the recompute re-runs. With ``target_mesh("v5e:16x16", ...)``
+and arguments given as ``jax.ShapeDtypeStruct``s sharded over it, every
+figure is XLA's for that TPU or GPU, compiled from any machine.
 
 Layers, each importing only those before it (``tests/test_conventions.py``
 checks it); each subpackage's ``__init__`` lists its modules:
 
 1. ``source``: the user's code (lines, module paths, names; what made a value).
 2. ``policies``: policies in words, as text, and the search's answer.
-3. ``program``: the function and its arguments checked, its remat blocks
+3. ``targets``: meshes of accelerators to compile for (``target_mesh``),
+   GPU target configs, each device's memory.
+4. ``program``: the function and its arguments checked, its remat blocks
    found and their policies set, its devices.
-4. ``split``: ``analyze`` and the ``RematReport`` (residuals, recompute,
+5. ``split``: ``analyze`` and the ``RematReport`` (residuals, recompute,
    FLOPs, the plain graph), and ``estimate_costs``, from the jaxprs.
-5. ``xla``: ``compile_costs`` and the readings of XLA's compiled program
+6. ``xla``: ``compile_costs`` and the readings of XLA's compiled program
    (memory timeline, peak, executed FLOPs, collectives).
-6. ``tradeoffs``: ``compare``, ``search_policy`` and scan layouts.
+7. ``tradeoffs``: ``compare``, ``search_policy`` and scan layouts.
 
 Shared by every layer: ``units`` (figures in words, element sizes),
 ``cache`` (result caches, ``clear_caches``), ``context`` (trace settings
@@ -58,6 +62,9 @@ from remat_explorer.analysis.policies.chosen_policy import EquationPattern, Save
 from remat_explorer.analysis.policies.policy_text import parse_policy
 from remat_explorer.analysis.policies.policy_source import policy_source
 from remat_explorer.analysis.tradeoffs.search import SearchResult, search_policy
+from remat_explorer.analysis.targets import (device_memory_bytes, gpu_target_config,
+                                             gpu_target_names, register_gpu_target,
+                                             target_mesh)
 from remat_explorer.analysis.xla.timeline import Buffer, MemoryTimeline
 
 __all__ = [
@@ -68,5 +75,6 @@ __all__ = [
     'describe_policy', 'search_policy', 'SearchResult', 'SaveChosen',
     'EquationPattern', 'parse_policy', 'policy_source',
     'LOWERINGS', 'DEFAULT_LOWERING', 'residuals_at_peak', 'live_at_peak', 'explain_peak', 'PeakExplanation', 'PeakBuffer', 'PeakResidual', 'Collective', 'clear_caches',
-    'error_summary',
+    'error_summary', 'target_mesh', 'register_gpu_target', 'gpu_target_config',
+    'gpu_target_names', 'device_memory_bytes',
 ]

@@ -13,6 +13,7 @@ Modules, in the order a reader might take them:
 * ``revolve``    - Griewank's binomial (revolve) rules as a state machine.
 * ``revolve_scan`` - the binomial schedule as one loop with its own VJP.
 * ``scan``       - ``checkpointed_scan``: ``lax.scan`` under such a schedule.
+* ``devices``    - compile-only devices: accelerators the machine lacks.
 * ``introspect`` - what readers of the engine's programs need: JAX's remat
   and call primitives, checkpoint names, the scopes the engine writes into
   name stacks and their parsers.
@@ -26,6 +27,10 @@ from remat_explorer.engine.introspect import (
     debug_info_of, hlo_text_flops, in_recompute, recomputes_primal, jax_checkpoint_p,
     name_of_named_value, parse_scan_scope,
     reduce_precision_p, scan_consts_and_carries, scan_scope)
+from remat_explorer.engine.devices import (
+    compile_only_cuda_devices, compile_only_tpu_devices, cuda_plugin_installed,
+    gpu_target_config_of, initialize_backends_quietly, is_compile_only,
+    tpu_support_installed)
 from remat_explorer.engine.lowering import (DEFAULT_STRATEGY, STRATEGIES, check_strategy,
                                             current_strategy, enclosing_strategy,
                                             lowering_strategy)
@@ -58,4 +63,8 @@ __all__ = [
     'ENGINE_SCOPES', 'is_engine_scope', 'branch_runs', 'branch_runs_scope',
     'in_recompute', 'recomputes_primal', 'hlo_text_flops', 'ScanScope', 'scan_scope',
     'parse_scan_scope',
+    # devices
+    'compile_only_tpu_devices', 'compile_only_cuda_devices', 'cuda_plugin_installed',
+    'tpu_support_installed', 'gpu_target_config_of', 'initialize_backends_quietly',
+    'is_compile_only',
 ]

@@ -205,4 +205,142 @@ def hlo_text_flops(hlo_text: str, device) -> float | None:
   return float(analyze(device.client, parse(hlo_text)).get('flops', 0.0))
 
 
+
+# -- compile-only devices ------------------------------------------------------
+# JAX compiles for accelerators a machine does not have through the PJRT
+# plugins' topologies (``jax.experimental.topologies``). Two things of that
+# path are private: whether JAX has found its plugins yet, and, on a machine
+# without a GPU, the CUDA plugin itself. Its ``initialize()`` refuses to
+# register the plugin when it cannot load CUDA (unless JAX's platforms
+# exclude "cuda"), and JAX then has no CUDA topology for the rest of the
+# process; yet the plugin's library compiles for a GPU target with no CUDA at
+# all. So where JAX registered no CUDA topology, the library is loaded here,
+# once, and asked for the topology directly.
+
+import contextlib as _contextlib
+import logging as _logging
+import os as _os
+import pathlib as _pathlib
+import tempfile as _tempfile
+
+from jax._src import xla_bridge as _xb
+from jax._src.lib import xla_client as _xla_client
+
+_own_cuda_plugin = None
+"""The CUDA plugin's C API, where this module loaded the library itself."""
+
+
+@_contextlib.contextmanager
+def quiet_native_stderr():
+  """Capture what native code writes to file descriptor 2 (libtpu's and the
+  CUDA plugin's start-up notices go there, not through Python). Yields a
+  function returning the captured text."""
+  import sys
+  sys.stderr.flush()
+  saved = _os.dup(2)
+  with _tempfile.TemporaryFile(mode='w+b') as captured:
+    _os.dup2(captured.fileno(), 2)
+    try:
+      yield lambda: (captured.seek(0), captured.read().decode('utf-8', 'replace'))[1]
+    finally:
+      sys.stderr.flush()
+      _os.dup2(saved, 2)
+      _os.close(saved)
+
+
+class _NoCudaFilter(_logging.Filter):
+  """Drops JAX's report that the CUDA plugin found no CUDA: on a machine
+  without a GPU that is expected, and the plugin still compiles for one."""
+
+  def filter(self, record):
+    text = record.getMessage() + ' ' + str(record.exc_info[1] if record.exc_info else '')
+    return not ('initialize()' in text and 'CUDA' in text)
+
+
+def _quietly(fn):
+  logger = _logging.getLogger(_xb.__name__)
+  no_cuda = _NoCudaFilter()
+  logger.addFilter(no_cuda)
+  try:
+    with quiet_native_stderr() as captured:
+      try:
+        return fn(), captured()
+      except Exception as e:
+        e.add_note(captured().strip())
+        raise
+  finally:
+    logger.removeFilter(no_cuda)
+
+
+def initialize_backends_quietly() -> None:
+  """Initialize JAX's backends, as ``jax.devices()`` does, without the
+  start-up notices of accelerators this machine does not have. Any other
+  output (a TPU or GPU that is there and failed) is written out as usual."""
+  if _xb.backends_are_initialized():
+    return
+  _, text = _quietly(lambda: (_xb._discover_and_register_pjrt_plugins(), _xb.backends()))
+  absent = all(_hardware_absent(err) for err in _xb._backend_errors.values())
+  if text.strip() and not (absent and _xb.get_backend().platform == 'cpu'):
+    import sys
+    sys.stderr.write(text)
+
+
+def _hardware_absent(error: str) -> bool:
+  return any(s in error for s in ('No jellyfish device found', 'no supported devices found',
+                                  'Unable to load CUDA', 'No visible'))
+
+
+def compile_only_tpu_devices(topology_name: str, **options) -> list:
+  """libtpu's compile-only devices for a TPU topology (``'v5e:2x2'``)."""
+  from jax.experimental import topologies
+  initialize_backends_quietly()
+  topology, _ = _quietly(lambda: topologies.get_topology_desc(
+      platform='tpu', topology_name=topology_name, **options))
+  return list(topology.devices)
+
+
+def compile_only_cuda_devices(topology: str, target_config: str) -> list:
+  """The CUDA plugin's compile-only GPUs, ``topology`` ``'slices x hosts x
+  devices per host'`` (``'1x1x8'``), each described by `target_config` (a
+  ``GpuTargetConfig`` text proto)."""
+  global _own_cuda_plugin
+  initialize_backends_quietly()
+  if 'cuda' in _xb._topology_factories:  # JAX registered the plugin
+    made = _xb.make_pjrt_topology('cuda', '', topology=topology, target_config=target_config)
+  else:
+    if _own_cuda_plugin is None:
+      library = cuda_plugin_library()
+      if library is None:
+        raise ModuleNotFoundError('no CUDA plugin for JAX is installed')
+      _own_cuda_plugin, _ = _quietly(
+          lambda: _xla_client.load_pjrt_plugin_dynamically('cuda', str(library)))
+    made = _xla_client.make_c_api_device_topology(
+        _own_cuda_plugin, '', topology=topology, target_config=target_config)
+  return list(made._make_compile_only_devices())
+
+
+def cuda_plugin_library():
+  """The CUDA plugin's shared library, or None where none is installed."""
+  import importlib.util
+  for package in ('jax_plugins.xla_cuda13', 'jax_plugins.xla_cuda12'):
+    try:
+      spec = importlib.util.find_spec(package)
+    except ModuleNotFoundError:
+      spec = None
+    if spec is not None and spec.origin:
+      library = _pathlib.Path(spec.origin).parent / 'xla_cuda_plugin.so'
+      if library.exists():
+        return library
+  return None
+
+
+def tpu_support_installed() -> bool:
+  return _xb.get_tpu_library_path() is not None
+
+
+def gpu_target_config_of(devices) -> str:
+  """The ``GpuTargetConfig`` text proto of live GPUs, as XLA describes them."""
+  return str(_xla_client.get_topology_for_devices(list(devices)).target_config)
+
+
 __all__ = [name for name in dir() if not name.startswith('__')]

@@ -25,6 +25,10 @@ class Placement:
   mesh_shape: MeshShape | None
   """Axis names and sizes, e.g. ``(('data', 2), ('model', 4))``; None when no
   mesh is named (shardings such as ``GSPMDSharding`` carry none)."""
+  device: object = None
+  """One of the devices, the first by id: the kind the program is compiled
+  for (a target's compile-only TPU or GPU, say); None where no sharding or
+  mesh names a device."""
 
 
 def mesh_text(mesh_shape: MeshShape | None) -> str:
@@ -85,7 +89,28 @@ def find_placement(leaves: Sequence, program: core.ClosedJaxpr) -> Placement | N
     return None
   counts += [m.size for m in meshes]
   shape = tuple(meshes[0].shape.items()) if meshes else None
-  return Placement(max(counts), shape)
+  return Placement(max(counts), shape, _first_device(leaves, meshes))
+
+
+def _first_device(leaves: Sequence, meshes: list):
+  """The first device, by id, of the arguments' shardings or of a mesh
+  with devices (an ``AbstractMesh`` has none)."""
+  for leaf in leaves:
+    sharding = getattr(leaf, 'sharding', None)
+    if isinstance(sharding, jax.sharding.Sharding):
+      return min(sharding.device_set, key=lambda d: d.id)
+  for mesh in meshes:
+    if isinstance(mesh, Mesh):
+      return min(mesh.devices.flat, key=lambda d: d.id)
+  return None
+
+
+def target_device(placement: Placement | None):
+  """The device a program placed as `placement` is compiled for: its own,
+  or JAX's default device."""
+  if placement is not None and placement.device is not None:
+    return placement.device
+  return jax.devices()[0]
 
 
 def _meshes_in(jaxpr: core.Jaxpr) -> list:
@@ -136,4 +161,5 @@ def compiled_placement(compiled, fallback: Placement | None) -> Placement:
                if isinstance(s, NamedSharding) and not s.mesh.empty), None)
   if mesh is None and fallback is not None:
     mesh = fallback.mesh_shape
-  return Placement(count, mesh)
+  device = next((min(s.device_set, key=lambda d: d.id) for s in shardings), None)
+  return Placement(count, mesh, device)

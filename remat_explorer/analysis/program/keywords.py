@@ -9,9 +9,11 @@ the user's function would be taken by the entry point, silently.
 from __future__ import annotations
 
 import difflib
+import functools
 import inspect
 from collections.abc import Mapping
 
+from remat_explorer import engine
 from remat_explorer.analysis.program.problem import function_name
 
 # The analysis' entry points, each registered where it is defined (they sit
@@ -21,9 +23,16 @@ _ENTRY_POINTS: dict[str, object] = {}
 
 
 def entry_point(fn):
-  """Register `fn` as an entry point whose options the others recognise."""
+  """Register `fn` as an entry point whose options the others recognise.
+  Its first call starts JAX's backends without the notices of accelerators
+  this machine does not have (``engine.initialize_backends_quietly``)."""
   _ENTRY_POINTS[fn.__name__] = fn
-  return fn
+
+  @functools.wraps(fn)
+  def entered(*args, **kwargs):
+    engine.initialize_backends_quietly()
+    return fn(*args, **kwargs)
+  return entered
 
 
 def check_keywords(entry, f, kwargs: Mapping, **given_options) -> None:

@@ -9,7 +9,9 @@ module here consumes the ``CompiledProgram`` it returns.
   ``hlo`` (the optimized module's text: instructions in schedule order,
   loops and their trip counts, op metadata), ``buffers`` (XLA's buffer
   assignment) and the stack table of ``hlo_provenance``, from the module's
-  protos (``protowire`` decodes them, ``xla_protos`` names their fields).
+  protos (``protowire`` decodes them, ``xla_protos`` names their fields);
+  for TPUs and GPUs, whose executables carry no buffer assignment,
+  ``xla_dump`` has XLA dump it with the module as it compiles.
 * ``hlo_provenance``: where a buffer's value was computed (the Python stack
   XLA keeps per instruction, looked through loops, fusions and copies).
 * ``executed_flops``: the FLOPs executed, each loop body once per trip.

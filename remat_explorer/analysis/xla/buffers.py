@@ -38,6 +38,9 @@ class Allocation:
   bytes: int
   kind: str
   """One of ``ALLOCATION_KINDS``; a donated parameter's is ``parameter``."""
+  color: int = 0
+  """The memory it lies in: 0 is the device's main memory (HBM); others are
+  a TPU's on-chip memory (1), semaphores and flags (2, 6), ..."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +49,9 @@ class BufferAssignment:
   buffers: tuple[PlacedBuffer, ...]
 
   def bytes_of(self, kind: str) -> int:
-    return sum(a.bytes for a in self.allocations.values() if a.kind == kind)
+    """Bytes of the allocations of `kind` in the device's main memory."""
+    return sum(a.bytes for a in self.allocations.values()
+               if a.kind == kind and a.color == 0)
 
 
 def read_buffer_assignment(assignment: bytes, module_proto: bytes
@@ -109,7 +114,7 @@ def _allocation(data: bytes, span) -> tuple[Allocation, list[tuple[int, int, int
   f = pb.BufferAllocation
   allocation = wire.message(data, span, (
       f.INDEX, f.SIZE, f.IS_THREAD_LOCAL, f.IS_ENTRY_COMPUTATION_PARAMETER,
-      f.MAYBE_LIVE_OUT, f.ASSIGNED, f.IS_CONSTANT))
+      f.MAYBE_LIVE_OUT, f.ASSIGNED, f.IS_CONSTANT, f.COLOR))
   if wire.scalar(allocation, f.IS_ENTRY_COMPUTATION_PARAMETER):
     kind = 'parameter'
   elif wire.scalar(allocation, f.IS_CONSTANT):
@@ -124,8 +129,8 @@ def _allocation(data: bytes, span) -> tuple[Allocation, list[tuple[int, int, int
     fields = wire.message(data, entry, (a.LOGICAL_BUFFER_ID, a.OFFSET, a.SIZE))
     assigned.append((wire.scalar(fields, a.LOGICAL_BUFFER_ID), wire.scalar(fields, a.OFFSET),
                      wire.scalar(fields, a.SIZE)))
-  return (Allocation(wire.scalar(allocation, f.INDEX), wire.scalar(allocation, f.SIZE), kind),
-          assigned)
+  return (Allocation(wire.scalar(allocation, f.INDEX), wire.scalar(allocation, f.SIZE), kind,
+                     wire.scalar(allocation, f.COLOR) or 0), assigned)
 
 
 def _instruction_names(module_proto: bytes, fused: bool) -> dict[int, tuple[str, str]]:

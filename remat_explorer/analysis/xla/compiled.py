@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import jax
 
+from remat_explorer import engine
 from remat_explorer.analysis.xla.collectives import Collective, collectives_in
 from remat_explorer.analysis.xla.costs import CompiledCosts
 from remat_explorer.analysis.cache import ResultCache
@@ -33,7 +34,10 @@ from remat_explorer.analysis.program.keywords import check_keywords, entry_point
 from remat_explorer.analysis.program.problem import Problem, check_positions
 from remat_explorer.analysis.program.step import trace_step
 from remat_explorer.analysis.program.blocks import PolicyChoice, built_policy_choice
-from remat_explorer.analysis.program.devices import compiled_placement, find_placement
+from remat_explorer.analysis.program.devices import (compiled_placement, find_placement,
+                                                     target_device)
+from remat_explorer.analysis.targets.device_memory import device_memory_bytes
+from remat_explorer.analysis.xla.xla_dump import XlaDump
 from remat_explorer.analysis.xla.executed_flops import executed_flops
 from remat_explorer.analysis.xla.reader import read_compiled
 from remat_explorer.analysis.xla.timeline import memory_timeline
@@ -197,10 +201,15 @@ def start_step_compile(step, leaves, *, function, policy, lowering, donate_argnu
   Unless `for_running` or the caller gives its own `compiler_options`, the
   figures come from an analysis compile, and ``runnable()`` compiles in
   full on its first call."""
-  device = jax.devices()[0]
+  device = target_device(placement)
   options = compiler_options
   if options is None and not for_running:
     options = analysis_compiler_options(device.platform)
+  analysis = compiler_options is None and options is not None
+  # An accelerator's buffer assignment comes only with a dump (xla_dump.py).
+  dump = None if device.platform == 'cpu' else XlaDump()
+  if dump is not None:
+    options = {**(options or {}), **dump.compiler_options()}
   start = time.perf_counter()
   if isinstance(step, jax.stages.Traced):  # traced already, donations set
     lowered = step.lower()
@@ -218,11 +227,20 @@ def start_step_compile(step, leaves, *, function, policy, lowering, donate_argnu
   else:
     compiled = executor.submit(timed_compile)
   return _StepCompile(
-      lowered=lowered, compiled=compiled,
-      analysis=compiler_options is None and options is not None,
+      lowered=lowered, compiled=compiled, analysis=analysis, dump=dump,
       lower_seconds=lower_seconds, placement=placement, notes=tuple(notes),
       common=dict(function=function, policy=policy, lowering=lowering,
-                  platform=device.platform, device_kind=device.device_kind))
+                  platform=device.platform, device_kind=device.device_kind,
+                  device_memory_bytes=device_memory_bytes(device)))
+
+
+def _counting_device(placement):
+  """The device whose XLA counts the FLOPs of a module's computations: the
+  target's own, or, for a compile-only one (which cannot analyse a module
+  alone), the CPU's, whose cost analysis gives XLA:TPU's counts of TPU
+  modules (checked in tests/test_targets.py)."""
+  device = target_device(placement)
+  return jax.devices('cpu')[0] if engine.is_compile_only(device) else device
 
 
 def _done_with(fn) -> concurrent.futures.Future:
@@ -242,6 +260,7 @@ class _StepCompile:
   lowered: object
   compiled: concurrent.futures.Future
   analysis: bool
+  dump: XlaDump | None
   lower_seconds: float
   placement: object
   notes: tuple[str, ...]
@@ -256,6 +275,8 @@ class _StepCompile:
     try:
       compiled, compile_seconds = self.compiled.result()
     except Exception as e:  # XLA's errors (out of memory, bad options, ...)
+      if self.dump is not None:
+        self.dump.remove()
       if not _is_xla_error(e):
         raise
       return CompiledCosts(**common, failed=True, error=f'{type(e).__name__}: {e}',
@@ -265,22 +286,34 @@ class _StepCompile:
     memory_numbers, buffer_assignment = _memory_analysis_fields(memory)
     cost = _cost_analysis(compiled)
     devices = compiled_placement(compiled, self.placement)
+    dumped = None if self.dump is None else self.dump.read()
     try:  # every reading below is of this one object
-      program = read_compiled(compiled, memory)
+      program = read_compiled(compiled, memory, dumped)
     except Exception as e:  # a text or proto this reader does not know
       program = None
       notes.append(f'compiled program unreadable: {type(e).__name__}: {e}')
     module = None if program is None else program.module
     timeline = executed = None
     if program is not None:
+      if program.buffers is None and common['platform'] != 'cpu':
+        notes.append('XLA wrote no buffer assignment (an executable loaded from '
+                     "JAX's compilation cache is not compiled): the timeline is "
+                     'the liveness model alone')
       try:
         timeline = memory_timeline(program)
       except Exception as e:
         notes.append(f'memory timeline unavailable: {type(e).__name__}: {e}')
       try:
-        executed = executed_flops(module, jax.devices()[0], cost.get('flops'))
+        executed = executed_flops(module, _counting_device(self.placement),
+                                  cost.get('flops'))
       except Exception as e:  # a text XLA's parser refuses: say so, keep the rest
         notes.append(f'executed FLOPs unavailable: {type(e).__name__}: {e}')
+    xla_peak = getattr(memory, 'peak_memory_in_bytes', None)
+    if timeline is not None and common['platform'] != 'cpu' and xla_peak:
+      gap = timeline.peak_bytes / xla_peak - 1
+      if abs(gap) > 0.01:
+        notes.append(f"the memory timeline peaks at {timeline.peak_bytes:,} B, {gap:+.1%} "
+                     f"from XLA's peak of {xla_peak:,} B, the figure reported")
     if executed is not None and executed.unknown_trip_counts:
       notes.append(f'{executed.unknown_trip_counts} loop(s) of unknown trip count '
                    'are counted once in the executed FLOPs')

@@ -29,6 +29,10 @@ class CompiledCosts:
   lowering: str
   platform: str
   device_kind: str
+  device_memory_bytes: int | None = None
+  """The memory of one device: a live GPU's or TPU's allocator limit, a GPU
+  target's ``device_memory_size``, a TPU chip's HBM (per device); None on
+  the CPU. ``peak_bytes`` is measured against it (``memory_share``)."""
   failed: bool = False
   error: str | None = None
   """XLA's message when the compile failed."""
@@ -142,6 +146,20 @@ class CompiledCosts:
       return self.timeline.peak_bytes
     return self.total_bytes
 
+  @property
+  def memory_share(self) -> float | None:
+    """``peak_bytes`` as a share of ``device_memory_bytes`` (1.0 is full)."""
+    if self.peak_bytes is None or not self.device_memory_bytes:
+      return None
+    return self.peak_bytes / self.device_memory_bytes
+
+  @property
+  def fits(self) -> bool | None:
+    """Whether the step's peak fits the device's memory; None where either
+    is unknown."""
+    share = self.memory_share
+    return None if share is None else share <= 1.0
+
   def to_dict(self) -> dict:
     from remat_explorer.analysis.split.report import plain_data
     out = plain_data(dataclasses.replace(self, buffer_assignment_proto=None))
@@ -151,4 +169,5 @@ class CompiledCosts:
     out['timeline'] = None if self.timeline is None else self.timeline.to_dict()
     out['total_bytes'] = self.total_bytes
     out['peak_bytes'] = self.peak_bytes
+    out['memory_share'] = self.memory_share
     return out

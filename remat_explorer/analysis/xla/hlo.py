@@ -48,6 +48,12 @@ class Instruction:
 
   def __post_init__(self):
     self.operands = _OPERAND.findall(self.args)
+    self.trip_count: int | None = None
+    """How often a ``while`` loop runs: XLA's ``known_trip_count`` where its
+    backend config has one, else what ``_inferred_trip_count`` reads from
+    the loop's counter (XLA:TPU's loops carry no such config)."""
+    if self.opcode == 'while' and (m := _TRIP_COUNT.search(self.attrs)):
+      self.trip_count = int(m.group(1))
 
   # Read from the metadata on demand: most instructions are never asked.
   @functools.cached_property
@@ -74,13 +80,6 @@ class Instruction:
     return (self.opcode in ('dot', 'convolution')
             or (self.opcode == 'custom-call' and _LIBRARY_MATMUL.search(self.attrs) is not None)
             or '"__triton_gemm"' in self.attrs)
-
-  @functools.cached_property
-  def trip_count(self) -> int | None:
-    """How often a ``while`` loop runs, where XLA inferred it
-    (``known_trip_count`` in its backend config); None otherwise."""
-    m = _TRIP_COUNT.search(self.attrs)
-    return int(m.group(1)) if m else None
 
   @property
   def tuple_index(self) -> int:
@@ -250,7 +249,98 @@ def parse_hlo(text: str) -> HloModule:
       current.append(_parse_instruction(line, m))
   if not entry:
     raise ValueError('no ENTRY computation in the HLO text')
+  for instructions in computations.values():
+    for loop in instructions:
+      if loop.opcode == 'while' and loop.trip_count is None:
+        loop.trip_count = _inferred_trip_count(computations, instructions, loop)
   return HloModule(computations, entry, tuple(_donations(text)), text, spans)
+
+
+# -- trip counts of loops without XLA's ---------------------------------------------
+# A loop that ``scan`` or ``fori_loop`` lowers to counts with one element of its
+# state: set to a constant before the loop, compared with a constant by its
+# condition, and stepped by a constant in its body. XLA's own analysis
+# (``ComputeWhileLoopTripCount``) reads the same pattern; XLA:TPU leaves its
+# result out of the text, so it is read again here, through the copies and
+# bitcasts XLA puts between those instructions. Anything else is unknown.
+
+_PASS_THROUGH = ('copy', 'bitcast', 'reshape')
+
+
+def _inferred_trip_count(computations, caller: list[Instruction],
+                         loop: Instruction) -> int | None:
+  condition = computations.get(loop.attr('condition') or '', [])
+  body = computations.get(loop.attr('body') or '', [])
+  compare = root(condition)
+  if compare is None or compare.opcode != 'compare' or len(compare.operands) != 2:
+    return None
+  direction = re.search(r'\bdirection=(\w+)', compare.attrs)
+  in_condition = {i.name: i for i in condition}
+  left, right = (_through(in_condition, name) for name in compare.operands)
+  index, bound = _state_index(left), _integer(right)
+  direction = direction.group(1) if direction else ''
+  if index is None:  # the bound on the left: flip the comparison
+    index, bound = _state_index(right), _integer(left)
+    direction = {'LT': 'GT', 'GT': 'LT', 'LE': 'GE', 'GE': 'LE'}.get(direction, direction)
+  if index is None or bound is None or len(loop.operands) != 1:
+    return None
+  in_caller = {i.name: i for i in caller}
+  start = _integer(_element(in_caller, loop.operands[0], index))
+  in_body = {i.name: i for i in body}
+  step = _step(in_body, _element(in_body, root(body).name if body else '', index), index)
+  if start is None or step is None or step == 0:
+    return None
+  span = {'LT': bound - start, 'LE': bound + 1 - start,
+          'GT': start - bound, 'GE': start + 1 - bound}.get(direction)
+  if span is None or (step > 0) != (direction in ('LT', 'LE')):
+    return None
+  return max(0, -(-span // abs(step)))
+
+
+def _through(instructions: dict, name: str) -> Instruction | None:
+  """The instruction `name` is, looking through copies and bitcasts."""
+  ins = instructions.get(name)
+  while ins is not None and ins.opcode in _PASS_THROUGH and ins.operands:
+    ins = instructions.get(ins.operands[0])
+  return ins
+
+
+def _state_index(ins: Instruction | None) -> int | None:
+  """k where `ins` is element k of the loop's state (its parameter)."""
+  if ins is None or ins.opcode != 'get-tuple-element':
+    return None
+  return ins.tuple_index
+
+
+def _integer(ins: Instruction | None) -> int | None:
+  """The value of an integer scalar constant."""
+  if ins is None or ins.opcode != 'constant' or not isinstance(ins.shape, Leaf):
+    return None
+  try:
+    return int(ins.args.strip())
+  except ValueError:
+    return None
+
+
+def _element(instructions: dict, name: str, index: int) -> Instruction | None:
+  """Element `index` of the tuple `name` builds."""
+  built = _through(instructions, name)
+  if built is None or built.opcode != 'tuple' or index >= len(built.operands):
+    return None
+  return _through(instructions, built.operands[index])
+
+
+def _step(body: dict, update: Instruction | None, index: int) -> int | None:
+  """The constant the body adds to state element `index` (negative where it
+  subtracts), or None where the update is not such a step."""
+  if update is None or update.opcode not in ('add', 'subtract') or len(update.operands) != 2:
+    return None
+  a, b = (_through(body, name) for name in update.operands)
+  if _state_index(a) == index and (k := _integer(b)) is not None:
+    return k if update.opcode == 'add' else -k
+  if update.opcode == 'add' and _state_index(b) == index and (k := _integer(a)) is not None:
+    return k
+  return None
 
 
 def _donations(text: str) -> list[Donation]:

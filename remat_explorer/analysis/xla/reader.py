@@ -12,7 +12,8 @@ protos. An executable exposes three things, read here together:
   give by name: the instruction ids the buffer assignment refers to, and
   the table of Python stacks behind each instruction's ``stack_frame_id``;
 * ``memory_analysis()``'s ``serialized_buffer_assignment_proto``
-  (``buffers``).
+  (``buffers``); for TPUs and GPUs, which leave it empty, the one XLA
+  dumped with the module (``xla_dump``).
 """
 
 from __future__ import annotations
@@ -34,14 +35,19 @@ class CompiledProgram:
   """The Python stacks of the module's instructions; None where it has none."""
 
 
-def read_compiled(compiled, memory=None) -> CompiledProgram:
+def read_compiled(compiled, memory=None, dumped: tuple[bytes, bytes] | None = None
+                  ) -> CompiledProgram:
   """Read ``jax.jit(f).lower(*args).compile()``; `memory`: its
-  ``memory_analysis()``, where the caller has it already."""
+  ``memory_analysis()``, where the caller has it already; `dumped`: the
+  module and buffer assignment protos XLA dumped for it (``xla_dump``),
+  where the executable does not carry its buffer assignment (TPUs, GPUs)."""
   module = parse_hlo(compiled.as_text())
   proto = _module_proto(compiled)
+  assignment = _buffer_assignment_proto(compiled, memory)
+  if not assignment and dumped is not None:
+    proto, assignment = dumped  # one module's ids, read together
   if proto is None:
     return CompiledProgram(module, None, None)
-  assignment = _buffer_assignment_proto(compiled, memory)
   buffers = None if not assignment else read_buffer_assignment(assignment, proto)
   return CompiledProgram(module, buffers, read_stack_index(proto))
 

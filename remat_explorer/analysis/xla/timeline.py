@@ -239,10 +239,17 @@ def _placed_temp_buffers(placement) -> dict[str, dict]:
   bytes) of its buffers in temporary allocations."""
   placed: dict[str, dict] = {}
   for p in placement.buffers if placement is not None else ():
-    if placement.allocations[p.allocation].kind == 'temp':
+    if _device_temporary(placement, p):
       placed.setdefault(p.computation, {})[(p.instruction, p.shape_index)] = (
           p.allocation, p.offset, p.bytes)
   return placed
+
+
+def _device_temporary(placement: BufferAssignment, buffer) -> bool:
+  """Whether `buffer` is a temporary in the device's main memory (a TPU's
+  on-chip memory is not what a program's peak is measured in)."""
+  allocation = placement.allocations[buffer.allocation]
+  return allocation.kind == 'temp' and allocation.color == 0
 
 
 def _placed_bytes(module: HloModule, placement: BufferAssignment,
@@ -254,7 +261,7 @@ def _placed_bytes(module: HloModule, placement: BufferAssignment,
   defining_step = _defining_steps(module)
   tops: dict[int, np.ndarray] = {}
   for p in placement.buffers:
-    if placement.allocations[p.allocation].kind != 'temp':
+    if not _device_temporary(placement, p):
       continue
     top = tops.setdefault(p.allocation, np.zeros(steps, dtype=np.int64))
     if p.computation == module.entry:

@@ -63,8 +63,15 @@ class BufferAllocation:
   IS_THREAD_LOCAL = 3
   IS_ENTRY_COMPUTATION_PARAMETER = 5
   MAYBE_LIVE_OUT = 7
+  COLOR = 8
   ASSIGNED = 9
   IS_CONSTANT = 12
+
+
+class HloProto:
+  """What XLA dumps of a compiled module (``xla_dump_hlo_as_proto``)."""
+  HLO_MODULE = 1
+  BUFFER_ASSIGNMENT = 3
 
 
 class BufferAllocationAssigned:
