@@ -17,7 +17,10 @@ Every block goes through our ``checkpoint`` with the builder's ``policy``
 
 ``sharded_transformer(mesh, ...)`` is the transformer with its params and
 batch sharded over a 2D ``('data', 'model')`` device mesh
-(``data_model_mesh``); it is not in ``MODELS``, since it needs the mesh.
+(``data_model_mesh``, or ``target_mesh`` for a TPU or GPU this machine does
+not have); it is not in ``MODELS``, since it needs the mesh. Every builder
+takes ``abstract=True`` for arguments as ``jax.ShapeDtypeStruct``s: shapes
+only, nothing allocated.
 """
 
 from __future__ import annotations
@@ -84,6 +87,17 @@ def _cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
   return -jnp.mean(picked)
 
 
+def _drawn(make_args: Callable, key: jax.Array, abstract: bool, **sizes):
+  """``make_args(key, **sizes)``, or with `abstract` only its shapes and
+  dtypes (``jax.ShapeDtypeStruct``s, as ``jax.eval_shape`` gives them):
+  nothing is allocated, so a model too large for this machine can still be
+  compiled and measured (``compile_costs`` and the rest take such
+  arguments)."""
+  if abstract:
+    return jax.eval_shape(functools.partial(make_args, **sizes), key)
+  return make_args(key, **sizes)
+
+
 # -- mlp ----------------------------------------------------------------------
 
 @functools.partial(jax.jit, static_argnames=('num_layers', 'width', 'batch'))
@@ -98,7 +112,7 @@ def _mlp_args(key: jax.Array, *, num_layers: int, width: int, batch: int
 
 def mlp(*, num_layers: int = 16, width: int = 512, batch: int = 256,
         policy: Callable | None = None, remat: bool = True,
-        seed: int = 0) -> Example:
+        seed: int = 0, abstract: bool = False) -> Example:
   """A deep tanh MLP whose checkpointed layer is the body of a ``scan``.
 
   Params are ``{'w': (num_layers, width, width), 'b': (num_layers, width)}``;
@@ -110,9 +124,10 @@ def mlp(*, num_layers: int = 16, width: int = 512, batch: int = 256,
   (as with ``jax.checkpoint``): tanh's derivative reads tanh's own result,
   not the named copy, whose other reader, the next layer, is saved anyway as
   that layer's input. Saving ``'pre_activation'`` does save a stack.
+  With `abstract`, the arguments are ``jax.ShapeDtypeStruct``s.
   """
-  params, data = _mlp_args(jax.random.key(seed), num_layers=num_layers,
-                           width=width, batch=batch)
+  params, data = _drawn(_mlp_args, jax.random.key(seed), abstract,
+                        num_layers=num_layers, width=width, batch=batch)
 
   def layer(h, p):
     pre = checkpoint_name(h @ p['w'] + p['b'], 'pre_activation')
@@ -207,7 +222,7 @@ def transformer(*, num_layers: int = 4, d_model: int = 128,
                 num_heads: int = 4, seq_len: int = 64, batch: int = 8,
                 d_ff: int | None = None, use_scan: bool = False,
                 policy: Callable | None = None, remat: bool = True,
-                seed: int = 0) -> Example:
+                seed: int = 0, abstract: bool = False) -> Example:
   """A decoder-only, pre-LayerNorm transformer on random tokens.
 
   Each block (causal self-attention, then a gelu MLP of width `d_ff`,
@@ -217,15 +232,16 @@ def transformer(*, num_layers: int = 4, d_model: int = 128,
   ``use_scan=True`` it is one dict stacked along a leading layer axis and the
   block is the body of a ``scan``. Both hold the same numbers for a seed.
   The batch is ``{'tokens', 'targets'}`` (next-token targets), both
-  ``(batch, seq_len)`` int32; the loss is the mean cross-entropy.
+  ``(batch, seq_len)`` int32; the loss is the mean cross-entropy. With
+  `abstract`, the arguments are ``jax.ShapeDtypeStruct``s.
   """
   if d_model % num_heads:
     raise ValueError(f'd_model={d_model} is not divisible by '
                      f'num_heads={num_heads}.')
   d_ff = 4 * d_model if d_ff is None else d_ff
-  params, data = _transformer_args(
-      jax.random.key(seed), num_layers=num_layers, d_model=d_model,
-      seq_len=seq_len, batch=batch, d_ff=d_ff, use_scan=use_scan)
+  params, data = _drawn(
+      _transformer_args, jax.random.key(seed), abstract, num_layers=num_layers,
+      d_model=d_model, seq_len=seq_len, batch=batch, d_ff=d_ff, use_scan=use_scan)
 
   loss_fn = _transformer_loss(num_heads=num_heads, use_scan=use_scan,
                               remat=remat, policy=policy)
@@ -316,14 +332,26 @@ def _check_mesh_fits(mesh: Mesh, *, batch: int, num_heads: int, d_ff: int) -> No
                        f'of mesh axis {axis!r}.')
 
 
-def _param_shardings(mesh: Mesh, params: dict, use_scan: bool) -> dict:
+def _param_shardings(mesh: Mesh, params: dict, use_scan: bool, fsdp: bool) -> dict:
   """A NamedSharding for every parameter; stacked block params keep their
-  leading layer axis unsharded."""
+  leading layer axis unsharded. With `fsdp`, each matrix's dimension that
+  'model' leaves whole is split over 'data' too (where it divides), as
+  fully sharded data parallelism stores weights."""
   lead = (None,) if use_scan else ()
-  named = lambda spec, extra=(): NamedSharding(mesh, P(*extra, *spec))
-  block = {k: named(spec, lead) for k, spec in _BLOCK_PARAM_SPECS.items()}
+  shapes = {**{k: params[k].shape for k in _TOP_PARAM_SPECS},
+            **{k: v.shape[len(lead):] for k, v in
+               (params['blocks'] if use_scan else params['blocks'][0]).items()}}
+
+  def named(name, spec, extra=()):
+    spec = tuple(spec) + (None,) * (len(shapes[name]) - len(spec))
+    free = [i for i, (axis, size) in enumerate(zip(spec, shapes[name]))
+            if axis is None and size % mesh.shape['data'] == 0]
+    if fsdp and len(shapes[name]) == 2 and free:
+      spec = tuple('data' if i == free[0] else axis for i, axis in enumerate(spec))
+    return NamedSharding(mesh, P(*extra, *spec))
+  block = {k: named(k, spec, lead) for k, spec in _BLOCK_PARAM_SPECS.items()}
   blocks = block if use_scan else [dict(block) for _ in params['blocks']]
-  return {**{k: named(spec) for k, spec in _TOP_PARAM_SPECS.items()},
+  return {**{k: named(k, spec) for k, spec in _TOP_PARAM_SPECS.items()},
           'blocks': blocks}
 
 
@@ -331,7 +359,8 @@ def sharded_transformer(mesh: Mesh, *, num_layers: int = 2, d_model: int = 64,
                         num_heads: int = 4, seq_len: int = 32, batch: int = 8,
                         d_ff: int | None = None, use_scan: bool = False,
                         policy: Callable | None = None, remat: bool = True,
-                        seed: int = 0) -> Example:
+                        seed: int = 0, fsdp: bool = False,
+                        abstract: bool | None = None) -> Example:
   """``transformer`` on a 2D ``('data', 'model')`` mesh: data parallel over
   the batch, tensor (model) parallel inside each block.
 
@@ -341,18 +370,34 @@ def sharded_transformer(mesh: Mesh, *, num_layers: int = 2, d_model: int = 64,
   constrained to its ``ACTIVATION_SPECS`` sharding before it is named.
   ``jax.jit(loss_fn)`` is then one SPMD program that XLA partitions over the
   mesh; the numbers are those of ``transformer`` with the same sizes and
-  seed. Build the mesh with ``data_model_mesh(data, model)``.
+  seed. Build the mesh with ``data_model_mesh(data, model)``, or over an
+  accelerator this machine does not have with ``target_mesh``.
+
+  `fsdp`: the weights sharded over 'data' too (``_param_shardings``).
+  `abstract`: the arguments as ``jax.ShapeDtypeStruct``s carrying their
+  shardings, nothing allocated; the default is abstract exactly when the
+  mesh's devices can only compile (a ``target_mesh``'s).
   """
   d_ff = 4 * d_model if d_ff is None else d_ff
   _check_mesh_fits(mesh, batch=batch, num_heads=num_heads, d_ff=d_ff)
   if d_model % num_heads:
     raise ValueError(f'd_model={d_model} is not divisible by '
                      f'num_heads={num_heads}.')
-  params, data = _transformer_args(
-      jax.random.key(seed), num_layers=num_layers, d_model=d_model,
-      seq_len=seq_len, batch=batch, d_ff=d_ff, use_scan=use_scan)
-  params = jax.device_put(params, _param_shardings(mesh, params, use_scan))
-  data = jax.device_put(data, NamedSharding(mesh, P('data', None)))
+  if abstract is None:
+    from remat_explorer import engine
+    abstract = engine.is_compile_only(mesh.devices.flat[0])
+  params, data = _drawn(
+      _transformer_args, jax.random.key(seed), abstract, num_layers=num_layers,
+      d_model=d_model, seq_len=seq_len, batch=batch, d_ff=d_ff, use_scan=use_scan)
+  params_sharding = _param_shardings(mesh, params, use_scan, fsdp)
+  data_sharding = NamedSharding(mesh, P('data', None))
+  if abstract:
+    place = lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
+    params = jax.tree_util.tree_map(place, params, params_sharding)
+    data = jax.tree_util.tree_map(lambda x: place(x, data_sharding), data)
+  else:
+    params = jax.device_put(params, params_sharding)
+    data = jax.device_put(data, data_sharding)
 
   def name(value: jax.Array, label: str) -> jax.Array:
     spec = NamedSharding(mesh, ACTIVATION_SPECS[label])
@@ -395,19 +440,20 @@ def _convnet_args(key: jax.Array, *, num_blocks: int, channels: int,
 def convnet(*, num_blocks: int = 3, channels: int = 16, image_size: int = 32,
             batch: int = 8, num_classes: int = 10,
             policy: Callable | None = None, remat: bool = True,
-            seed: int = 0) -> Example:
+            seed: int = 0, abstract: bool = False) -> Example:
   """A stack of checkpointed 3x3 conv + relu blocks and a dense classifier.
 
   Images are NHWC ``(batch, image_size, image_size, 3)``; block ``i`` has a
   HWIO kernel ``(3, 3, c_in, channels)`` and a bias, and names its conv
   result (before relu) ``'conv_output'``. A global average pool feeds the
   classifier; the loss is the softmax cross-entropy against random labels.
+  With `abstract`, the arguments are ``jax.ShapeDtypeStruct``s.
   """
   if num_blocks < 1:
     raise ValueError(f'convnet needs num_blocks >= 1, got {num_blocks}.')
-  params, data = _convnet_args(
-      jax.random.key(seed), num_blocks=num_blocks, channels=channels,
-      image_size=image_size, batch=batch, num_classes=num_classes)
+  params, data = _drawn(
+      _convnet_args, jax.random.key(seed), abstract, num_blocks=num_blocks,
+      channels=channels, image_size=image_size, batch=batch, num_classes=num_classes)
 
   def block(x, p):
     y = checkpoint_name(_conv3x3(x, p['kernel']) + p['bias'], 'conv_output')

@@ -188,6 +188,29 @@ class HloModule:
           todo.extend(instruction.all_called())
     return seen
 
+  @functools.cached_property
+  def _running(self) -> dict[str, set[int]]:
+    running: dict[str, set[int]] = {}
+    calls: dict[str, list[str]] = {}  # what each computation's instructions call
+    for step, ins in enumerate(self.entry_instructions):
+      stack, seen = list(ins.all_called()), set()
+      while stack:
+        name = stack.pop()
+        if name in seen or name not in self.computations:
+          continue
+        seen.add(name)
+        running.setdefault(name, set()).add(step)
+        if name not in calls:
+          calls[name] = [c for inner in self.computations[name]
+                         for c in inner.all_called()]
+        stack.extend(calls[name])
+    return running
+
+  def steps_running(self) -> dict[str, set[int]]:
+    """For each computation, the entry steps that run it (directly or
+    through the computations they call)."""
+    return self._running
+
   def as_entry(self, name: str) -> str:
     """The module's text with computation `name` as its entry and only what
     it calls: a module of its own that XLA can parse and measure."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 
 from remat_explorer.analysis.xla.buffers import BufferAssignment, read_buffer_assignment
+from remat_explorer.analysis.xla.heap_trace import HeapTrace, read_heap_trace
 from remat_explorer.analysis.xla.hlo import HloModule, parse_hlo
 from remat_explorer.analysis.xla.hlo_provenance import StackIndex, read_stack_index
 
@@ -33,6 +34,9 @@ class CompiledProgram:
   """XLA's buffer assignment; None where the executable does not expose it."""
   stacks: StackIndex | None
   """The Python stacks of the module's instructions; None where it has none."""
+  heap: HeapTrace | None = None
+  """XLA's heap simulation replayed (``heap_trace``): read for TPUs and GPUs,
+  whose peak XLA reports from it."""
 
 
 def read_compiled(compiled, memory=None, dumped: tuple[bytes, bytes] | None = None
@@ -44,12 +48,14 @@ def read_compiled(compiled, memory=None, dumped: tuple[bytes, bytes] | None = No
   module = parse_hlo(compiled.as_text())
   proto = _module_proto(compiled)
   assignment = _buffer_assignment_proto(compiled, memory)
+  heap = None
   if not assignment and dumped is not None:
     proto, assignment = dumped  # one module's ids, read together
+    heap = read_heap_trace(assignment, module)
   if proto is None:
     return CompiledProgram(module, None, None)
   buffers = None if not assignment else read_buffer_assignment(assignment, proto)
-  return CompiledProgram(module, buffers, read_stack_index(proto))
+  return CompiledProgram(module, buffers, read_stack_index(proto), heap)
 
 
 def _module_proto(compiled) -> bytes | None:

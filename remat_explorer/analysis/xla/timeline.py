@@ -3,8 +3,9 @@
 Two curves over the entry computation's schedule (``compiled.as_text()``
 lists it in run order):
 
-* ``placed_bytes``: what XLA's buffer assignment (``buffers.py``)
-  occupies at each step: every parameter and output allocation, and for
+* ``placed_bytes``: on TPUs and GPUs, XLA's own heap simulation along the
+  schedule (``heap_trace.py``), whose peak is XLA's reported peak; on the
+  CPU, what XLA's buffer assignment (``buffers.py``) occupies at each step: every parameter and output allocation, and for
   each temporary allocation the top (offset + size) of the highest buffer
   live there (one run by the step, for the buffers of a loop body or other
   called computation). Its peak is XLA's own allocation, ``argument +
@@ -37,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from remat_explorer.analysis.xla.buffers import BufferAssignment
+from remat_explorer.analysis.xla.heap_trace import HeapTrace
 from remat_explorer.analysis.xla.hlo import HloModule, pass_of
 from remat_explorer.analysis.xla.hlo_provenance import ModuleProvenance, StackIndex
 from remat_explorer.analysis.xla.reader import CompiledProgram
@@ -142,16 +144,22 @@ class MemoryTimeline:
 
 def memory_timeline(program: CompiledProgram) -> MemoryTimeline:
   """The timeline of a compiled program (``reader.read_compiled``)."""
-  return timeline_of(program.module, program.buffers, program.stacks)
+  return timeline_of(program.module, program.buffers, program.stacks, program.heap)
 
 
 def timeline_of(module: HloModule, placement: BufferAssignment | None = None,
-                stacks: StackIndex | None = None) -> MemoryTimeline:
+                stacks: StackIndex | None = None,
+                heap: HeapTrace | None = None) -> MemoryTimeline:
   """The timeline of a parsed HLO module, placed as `placement` says;
-  `stacks`: the module's stack frames, where known."""
+  `stacks`: the module's stack frames, where known; `heap`: XLA's heap
+  simulation, where read (TPUs, GPUs): the placed curve is then XLA's heap
+  along the schedule, whose peak is XLA's reported peak."""
   placed_at = _placed_temp_buffers(placement)
   instrs, found = live_ranges(module, placed_at)
-  placed = None if placement is None else _placed_bytes(module, placement, found)
+  if heap is not None:
+    placed = list(heap.step_bytes)
+  else:
+    placed = None if placement is None else _placed_bytes(module, placement, found)
   origins = _Origins(ModuleProvenance(module, stacks), placed_at)
   buffers = [origins.described(_buffer(b, instrs), b) for b in found]
   live = _live(len(instrs), buffers)
@@ -257,7 +265,7 @@ def _placed_bytes(module: HloModule, placement: BufferAssignment,
   steps = len(module.entry_instructions)
   ranges = {(b.instruction, b.shape_index): (b.start, b.end)
             for b in found if b.kind == 'value'}
-  running = _steps_running(module)
+  running = module.steps_running()
   defining_step = _defining_steps(module)
   tops: dict[int, np.ndarray] = {}
   for p in placement.buffers:
@@ -294,23 +302,3 @@ def _defining_steps(module: HloModule):
     step = first.get(name, 0)
     return step, last_read.get(name, step)
   return defining_step
-
-
-def _steps_running(module: HloModule) -> dict[str, set[int]]:
-  """For each computation, the entry steps that run it (directly or
-  through the computations they call)."""
-  running: dict[str, set[int]] = {}
-  calls: dict[str, list[str]] = {}  # what each computation's instructions call
-  for step, ins in enumerate(module.entry_instructions):
-    stack, seen = list(ins.all_called()), set()
-    while stack:
-      name = stack.pop()
-      if name in seen or name not in module.computations:
-        continue
-      seen.add(name)
-      running.setdefault(name, set()).add(step)
-      if name not in calls:
-        calls[name] = [c for inner in module.computations[name]
-                       for c in inner.all_called()]
-      stack.extend(calls[name])
-  return running

@@ -45,11 +45,28 @@ class StackFrame:
 class BufferAssignment:
   LOGICAL_BUFFERS = 1
   BUFFER_ALLOCATIONS = 3
+  HEAP_SIMULATOR_TRACES = 4
 
 
 class LogicalBuffer:
   ID = 1
+  SIZE = 2
   DEFINED_AT = 3
+  COLOR = 4
+
+
+class HeapSimulatorTrace:
+  EVENTS = 1
+  BUFFER_ALLOCATION_INDEX = 3
+
+
+class HeapSimulatorEvent:
+  KIND = 1
+  """ALLOC (0), FREE (1) or SHARE_WITH (2)."""
+  BUFFER_ID = 2
+  COMPUTATION_NAME = 3
+  INSTRUCTION_NAME = 4
+  SHARE_WITH_CANONICAL_ID = 5
 
 
 class LogicalBufferLocation:
