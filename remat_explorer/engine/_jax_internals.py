@@ -272,6 +272,21 @@ def _quietly(fn):
     logger.removeFilter(no_cuda)
 
 
+def share_libtpu_where_no_tpu() -> None:
+  """Let every process load libtpu on a machine without TPU chips.
+
+  libtpu guards a TPU against two processes with a lockfile, taken when it
+  loads; a second process that loads it fails, and cannot compile for a TPU
+  target either. On a machine with no TPU chips there is nothing to guard:
+  there, as JAX itself skips the TPU metadata query, each process may load
+  libtpu (``ALLOW_MULTIPLE_LIBTPU_LOAD``, read when libtpu loads, so set
+  before any backend starts). A machine with TPUs is left as it is."""
+  from jax._src import hardware_utils
+  chips, _ = hardware_utils.num_available_tpu_chips_and_device_id()
+  if chips == 0:
+    _os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')
+
+
 def initialize_backends_quietly() -> None:
   """Initialize JAX's backends, as ``jax.devices()`` does, without the
   start-up notices of accelerators this machine does not have. Any other

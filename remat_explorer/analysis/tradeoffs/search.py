@@ -21,6 +21,7 @@ only the finalists are compiled, the answer among them.
 from __future__ import annotations
 
 import concurrent.futures
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -102,14 +103,16 @@ class SearchResult:
 
 
 @entry_point
-def search_policy(f, *args, memory_budget: int | float, argnums=0,
+def search_policy(f, *args, memory_budget: int | float | str, argnums=0,
                   has_aux: bool = False, lowering: str | None = None,
                   progress: Progress | None = None, rank_by_estimate: bool = False,
                   **kwargs) -> SearchResult:
   """Find a policy whose compiled peak fits `memory_budget`, fewest FLOPs.
 
-  `memory_budget`: bytes (an int), or a fraction between 0.0 and 1.0 of the
-  way from ``nothing_saveable``'s compiled peak to ``everything_saveable``'s.
+  `memory_budget`: bytes (an int); a fraction between 0.0 and 1.0 of the
+  way from ``nothing_saveable``'s compiled peak to ``everything_saveable``'s;
+  or a share of the device's memory as a percentage (``"90%"``), for a
+  device whose memory is known (a GPU or TPU, live or a ``target_mesh``'s).
   For a sharded program the peak, the budget and the residual bytes that
   price each choice are per device. The policy holds at other batch and
   sequence sizes (it never looks at sizes); ``SearchResult.to_source()``
@@ -173,11 +176,27 @@ def _own_rows(run) -> dict[str, Any]:
   return {AS_WRITTEN_NO_REMAT: None}
 
 
+_SHARE = re.compile(r'\s*(\d+(?:\.\d*)?)\s*%\s*')
+
+
+def _device_share(memory_budget: str) -> float:
+  """``"90%"`` -> 0.9."""
+  m = _SHARE.fullmatch(memory_budget)
+  if m is None or not 0 < float(m.group(1)) <= 100:
+    raise ValueError(f'memory_budget={memory_budget!r} as a share of the device\'s memory '
+                     'must be a percentage above 0 and at most 100, such as "90%".')
+  return float(m.group(1)) / 100
+
+
 def _check_budget_type(memory_budget) -> None:
+  if isinstance(memory_budget, str):
+    _device_share(memory_budget)
+    return
   if isinstance(memory_budget, bool) or not isinstance(memory_budget, (int, float)):
     raise TypeError(
-        f'memory_budget must be bytes (an int) or a fraction (a float between '
-        f'0.0 and 1.0), got {type(memory_budget).__name__} {memory_budget!r}.')
+        f'memory_budget must be bytes (an int), a fraction (a float between '
+        f'0.0 and 1.0) or a share of the device\'s memory ("90%"), got '
+        f'{type(memory_budget).__name__} {memory_budget!r}.')
   if isinstance(memory_budget, float) and not 0.0 <= memory_budget <= 1.0:
     raise ValueError(
         f'memory_budget={memory_budget} as a fraction must lie between 0.0 (the '
@@ -202,6 +221,14 @@ def _resolve_budget(memory_budget, builtins, floor=None) -> int:
           'can fit it. For a fraction of the way from nothing_saveable to '
           'everything_saveable pass a float (memory_budget=1.0, 0.5, ...).')
     return memory_budget
+  if isinstance(memory_budget, str):
+    costs = builtins['nothing_saveable'][0]
+    if not costs.device_memory_bytes:
+      raise ValueError(
+          f'memory_budget={memory_budget!r} is a share of the device\'s memory, and the '
+          f'memory of {costs.device_kind!r} ({costs.platform}) is not known; pass '
+          'bytes, or compile for a GPU or TPU (target_mesh).')
+    return int(_device_share(memory_budget) * costs.device_memory_bytes)
   low = builtins['nothing_saveable'][0].peak_bytes
   high = builtins['everything_saveable'][0].peak_bytes
   return int(low + memory_budget * (high - low))

@@ -22,6 +22,7 @@ it), and each step holds the highest heap its events reach.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 
 from remat_explorer.analysis.xla import protowire as wire, xla_protos as pb
@@ -39,6 +40,10 @@ class HeapTrace:
   step_bytes: tuple[int, ...]
   """At each step of the entry computation, the highest heap its events
   reach (or the heap it inherits), plus ``indefinite_bytes``."""
+  color: int = 0
+  """The memory of the trace followed: 0 for device memory (HBM), 1 for a
+  TPU's on-chip memory (VMEM), whose heap XLA:TPU's figure follows when it
+  is the higher (a program small enough to live on chip)."""
 
 
 def read_heap_trace(assignment: bytes, module: HloModule) -> HeapTrace | None:
@@ -65,7 +70,9 @@ def read_heap_trace(assignment: bytes, module: HloModule) -> HeapTrace | None:
   for later in range(current + 1, len(step_bytes)):
     step_bytes[later] = level
   peak = max(replays[highest], default=0) + indefinite
-  return HeapTrace(peak, indefinite, tuple(b + indefinite for b in step_bytes))
+  colors = collections.Counter(buffers[event[1]][1] for event in traces[highest])
+  return HeapTrace(peak, indefinite, tuple(b + indefinite for b in step_bytes),
+                   colors.most_common(1)[0][0] if colors else 0)
 
 
 def _logical_buffers(data: bytes) -> dict[int, tuple[int, int]]:

@@ -143,6 +143,12 @@ def explain_peak(report: RematReport, costs: CompiledCosts) -> PeakExplanation |
   gap = timeline.peak_bytes - listed
   if timeline.placed_bytes is None:
     reason = 'the peak is the live buffers\' (XLA\'s placement is not known)'
+  elif timeline.peak_memory == 'on-chip':
+    reason = ('XLA\'s peak for this TPU follows its on-chip memory (VMEM), whose heap is '
+              'the higher here; the buffers listed are those in device memory (HBM)')
+  elif costs.platform != 'cpu' and gap:
+    reason = ('what XLA\'s heap simulation holds beyond the buffers listed (buffers the '
+              'liveness model frees earlier, alignment)')
   elif gap:
     reason = ('space XLA\'s buffer assignment leaves free between the live buffers at '
               'the peak (fragmentation, alignment padding)')
@@ -202,7 +208,8 @@ class _Words:
     loop = buffer.name.split('{')[0].removesuffix('/temps')
     label = (self._output(buffer.output_index) if buffer.is_output else
              f"temporaries of {loop}'s body" if buffer.name.endswith('/temps') else
-             f'loop state of {loop}' if buffer.opcode == 'while' else '')
+             f'loop state of {loop}' if buffer.opcode == 'while' else
+             _asynchronous_or_collective(buffer))
     parts = tuple(self._part(p, buffer.name) for p in buffer.parts)
     return PeakBuffer(kind=kind, made_by=made_by, source=user_line(buffer.frames),
                       label=label, parts=parts, **common)
@@ -231,6 +238,23 @@ class _Words:
       return ''
     k = index - (self.outputs - len(gradients))
     return f'gradient of {gradients[k]}' if 0 <= k < len(gradients) else 'output'
+
+
+_COLLECTIVES = ('all-reduce', 'all-gather', 'reduce-scatter', 'all-to-all',
+                'collective-permute', 'collective-broadcast', 'ragged-all-to-all')
+
+
+def _asynchronous_or_collective(buffer: Buffer) -> str:
+  """What a buffer of an asynchronous copy or a collective holds: XLA on
+  TPUs and GPUs moves data between memories and devices in the background,
+  each move's destination held from its start to its end."""
+  op = buffer.opcode.removesuffix('-start').removesuffix('-done')
+  reserved = buffer.name.endswith('/reserved')
+  if op in _COLLECTIVES:
+    return f"{'destination' if reserved else 'result'} of a collective ({op})"
+  if op in ('copy', 'slice') and buffer.opcode.endswith(('-start', '-done')):
+    return f'{"destination" if reserved else "result"} of an asynchronous {op} ({buffer.opcode})'
+  return ''
 
 
 def user_line(frames) -> str:

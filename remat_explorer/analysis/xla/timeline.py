@@ -93,6 +93,10 @@ class MemoryTimeline:
   where the buffer assignment is not known."""
   step_passes: tuple[str, ...] = ()
   """The pass of each step's instruction (see ``passes``)."""
+  peak_memory: str = 'device'
+  """The memory whose heap the placed curve follows: 'device', or
+  'on-chip' where a TPU's on-chip memory (VMEM) holds the higher heap and
+  XLA's peak is that heap's (a program small enough to live on chip)."""
 
   def live_at(self, step: int | str) -> list[Buffer]:
     """Buffers live at `step`, an index or an instruction name."""
@@ -139,7 +143,8 @@ class MemoryTimeline:
             'step_passes': list(self.step_passes),
             'placed_bytes': None if self.placed_bytes is None else list(self.placed_bytes),
             'buffers': plain_data(self.buffers),
-            'peak_bytes': self.peak_bytes, 'peak_step': self.peak_step}
+            'peak_bytes': self.peak_bytes, 'peak_step': self.peak_step,
+            'peak_memory': self.peak_memory}
 
 
 def memory_timeline(program: CompiledProgram) -> MemoryTimeline:
@@ -174,7 +179,8 @@ def timeline_of(module: HloModule, placement: BufferAssignment | None = None,
                   key=lambda i: live[i], default=0)
   return MemoryTimeline(tuple(i.name for i in instrs), tuple(live), buffers,
                         top, peak_step, None if placed is None else tuple(placed),
-                        tuple(pass_of(i.op_name) for i in instrs))
+                        tuple(pass_of(i.op_name) for i in instrs),
+                        'on-chip' if heap is not None and heap.color else 'device')
 
 
 def _live(steps: int, buffers) -> list[int]:
@@ -214,8 +220,10 @@ class _Origins:
     self.provenance, self.placed_at = provenance, placed_at
 
   def described(self, buffer: Buffer, live: LiveBuffer, computation=None) -> Buffer:
-    if live.kind == 'reserved':
-      return buffer
+    if live.kind == 'reserved':  # the storage an asynchronous op will write
+      defining = self.provenance.instruction(computation or self.provenance.module.entry,
+                                             live.instruction)
+      return buffer if defining is None else dataclasses.replace(buffer, opcode=defining.opcode)
     source = self.provenance.computing_instruction(live.instruction, live.shape_index,
                                                    computation)
     defining = self.provenance.instruction(computation or self.provenance.module.entry,

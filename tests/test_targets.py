@@ -1,0 +1,268 @@
+"""Compiling for accelerators this machine does not have: TPU topologies
+(libtpu) and GPUs described by a target config (JAX's CUDA plugin).
+
+Every figure is checked against XLA compiled by hand for the same target,
+in the same test: the platform and device kind, XLA's peak and the
+timeline's own peak, the memory figures, the executed FLOPs with every
+loop's trips (against the unrolled program's XLA count), what is live at
+the peak, and the device's memory.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import remat_explorer as rx
+from remat_explorer import examples
+from remat_explorer.analysis.targets import device_memory, gpu_configs
+
+TARGETS = ('v5e:2x2', 'v4:2x2x1', 'h100:8')
+GIB = 1 << 30
+
+
+def _stack(mesh, *, layers=4, batch=None, seq=128, width=512, seed=0):
+  """A residual tanh stack under ``scan``, its weights replicated and its
+  batch split over 'data': abstract arguments, sizes drawn from `seed`."""
+  rng = np.random.default_rng(seed)
+  batch = batch or 4 * mesh.size
+  width = width + 128 * int(rng.integers(0, 2))
+  w = jax.ShapeDtypeStruct((layers, width, width), jnp.float32,
+                           sharding=NamedSharding(mesh, P()))
+  x = jax.ShapeDtypeStruct((batch, seq, width), jnp.float32,
+                           sharding=NamedSharding(mesh, P('data')))
+  return w, x
+
+
+def _loss(policy=None, unroll=1):
+  def body(x, w):
+    return x + jnp.tanh(x @ w), None
+  step = body if policy is None else rx.checkpoint(body, policy=policy)
+
+  def loss(w, x):
+    x, _ = jax.lax.scan(step, x, w, unroll=unroll)
+    return jnp.mean(x ** 2)
+  return loss
+
+
+def _by_hand(loss, *args, argnums=0):
+  return jax.jit(jax.value_and_grad(loss, argnums=argnums)).lower(*args).compile()
+
+
+# -- targets ---------------------------------------------------------------------
+
+def test_target_meshes_hold_the_devices_and_memory_of_each_target():
+  v5e = rx.target_mesh('v5e:2x2', {'data': 2, 'model': 2})
+  assert dict(v5e.shape) == {'data': 2, 'model': 2}
+  assert {d.device_kind for d in v5e.devices.flat} == {'TPU v5 lite'}
+  assert device_memory.device_memory_bytes(v5e.devices.flat[0]) == 16 * GIB
+  # v4 runs each chip's two cores as one device (megacore), as JAX does on one.
+  v4 = rx.target_mesh('v4:2x2x1')
+  assert v4.size == 4 and device_memory.device_memory_bytes(v4.devices.flat[0]) == 32 * GIB
+  h100 = rx.target_mesh('h100:2x4', {'data': 8})
+  assert h100.size == 8
+  assert {d.device_kind for d in h100.devices.flat} == {'NVIDIA H100 80GB HBM3'}
+  assert {d.process_index for d in h100.devices.flat} == {0, 1}  # 2 hosts of 4
+  assert device_memory.device_memory_bytes(h100.devices.flat[0]) == 84978434048
+  # The same target twice gives the same devices, so shardings built on one
+  # mesh fit arguments built on the other.
+  assert rx.target_mesh('v5e:2x2').devices.flat[0] is v5e.devices.flat[0]
+
+
+def test_targets_refuse_what_they_cannot_make_in_one_line(monkeypatch):
+  cases = [
+      (('v5e:2x2', {'data': 3}), "'v5e:2x2' has 4 devices, but axes {'data': 3} make 3"),
+      (('v5e:3x3',), "libtpu has no TPU topology 'v5e:3x3'"),
+      (('h200:8',), 'rx.gpu_target_config()'),
+      (('gtx9000',), 'known GPUs: a100'),
+      (('v5e:2x2', {'data': 0}), 'axes must map axis names to sizes'),
+  ]
+  for args, words in cases:
+    with pytest.raises(ValueError, match=None) as e:
+      rx.target_mesh(*args)
+    assert words in str(e.value) and '\n' not in str(e.value), str(e.value)
+  from remat_explorer import engine
+  monkeypatch.setattr(engine, 'tpu_support_installed', lambda: False)
+  monkeypatch.setattr(engine, 'cuda_plugin_installed', lambda: False)
+  with pytest.raises(ModuleNotFoundError, match=r"remat_explorer\[tpu\]"):
+    rx.target_mesh('v6e:2x2')
+  with pytest.raises(ModuleNotFoundError, match=r"remat_explorer\[cuda\]"):
+    rx.target_mesh('a100:2')
+
+
+def test_a_registered_gpu_config_is_the_one_compiled_for():
+  config = gpu_configs.gpu_target('h100').config
+  captured = (config.replace('NVIDIA H100 80GB HBM3', 'NVIDIA H100 (captured)')
+              .replace('84978434048', str(60 * GIB)))
+  rx.register_gpu_target('labgpu', captured)
+  mesh = rx.target_mesh('labgpu:2')
+  assert mesh.devices.flat[0].device_kind == 'NVIDIA H100 (captured)'
+  w, x = _stack(mesh, layers=2, seq=64, width=256)
+  costs = rx.compile_costs(_loss(rx.checkpoint_policies.nothing_saveable), w, x)
+  assert costs.device_kind == 'NVIDIA H100 (captured)'
+  assert costs.device_memory_bytes == 60 * GIB
+  assert costs.memory_share == pytest.approx(costs.peak_bytes / (60 * GIB))
+  with pytest.raises(ValueError, match='GpuTargetConfig'):
+    rx.register_gpu_target('other', 'not a config')
+
+
+# -- every figure, XLA's for the target ---------------------------------------------
+
+@pytest.mark.parametrize('target', TARGETS)
+def test_every_figure_is_xlas_for_the_target(target):
+  mesh = rx.target_mesh(target)
+  w, x = _stack(mesh, seed=len(target))
+  loss = _loss(rx.checkpoint_policies.nothing_saveable)
+  costs = rx.compile_costs(loss, w, x)
+  hand = _by_hand(loss, w, x)
+  memory = hand.memory_analysis()
+  device = mesh.devices.flat[0]
+  assert costs.platform == device.platform and costs.platform in ('tpu', 'gpu')
+  assert costs.device_kind == device.device_kind
+  assert costs.num_devices == mesh.size
+  assert costs.peak_bytes == memory.peak_memory_in_bytes
+  assert (costs.argument_bytes, costs.output_bytes, costs.temp_bytes) == (
+      memory.argument_size_in_bytes, memory.output_size_in_bytes,
+      memory.temp_size_in_bytes)
+  # The timeline's own peak: XLA's heap simulation, replayed along the schedule.
+  assert costs.timeline.peak_bytes == pytest.approx(memory.peak_memory_in_bytes, rel=0.01)
+  assert costs.device_memory_bytes == device_memory.device_memory_bytes(device) > 0
+  assert costs.memory_share == pytest.approx(
+      memory.peak_memory_in_bytes / costs.device_memory_bytes)
+  assert costs.fits
+  assert not any('unknown trip count' in n for n in costs.notes), costs.notes
+
+
+@pytest.mark.parametrize('target', ('v5e:2x2', 'h100:8'))
+def test_executed_flops_count_every_trip_of_every_loop(target):
+  """A scan without remat executes what its unrolled form does: XLA's own
+  count of the unrolled program where XLA gives one (TPU), the count of its
+  optimized module otherwise (a compile-only GPU has no cost analysis).
+  Gradients of both arguments, so the unrolled form drops no work the loop
+  must do (the first layer's input gradient)."""
+  mesh = rx.target_mesh(target)
+  w, x = _stack(mesh, layers=6, seed=3)
+  rolled = rx.compile_costs(_loss(), w, x, argnums=(0, 1))
+  unrolled = rx.compile_costs(_loss(unroll=True), w, x, argnums=(0, 1))
+  assert rolled.loops_of_unknown_trip_count == 0
+  hand_unrolled = _by_hand(_loss(unroll=True), w, x, argnums=(0, 1))
+  xla = hand_unrolled.cost_analysis()
+  if target.startswith('v'):
+    reference = xla['flops']
+    hand_rolled = _by_hand(_loss(), w, x, argnums=(0, 1)).cost_analysis()['flops']
+    assert rolled.xla_flops == hand_rolled  # each loop body once, as XLA counts
+    assert rolled.executed_flops > 5 * hand_rolled  # six trips of the bodies
+  else:
+    assert not xla  # what makes counting from the module necessary
+    reference = unrolled.executed_flops
+  assert rolled.executed_flops == pytest.approx(reference, rel=0.02)
+  # Per device: a quarter (an eighth) of the global matmul FLOPs.
+  layers, width = w.shape[0], w.shape[1]
+  matmuls = 3 * 2 * x.shape[0] * x.shape[1] * width * width * layers / mesh.size
+  assert matmuls <= rolled.executed_flops <= 1.1 * matmuls
+
+
+def test_the_timeline_follows_the_tpus_on_chip_heap_where_xla_does():
+  """A program small enough to live in a TPU's on-chip memory: XLA:TPU's
+  figure is that heap's peak, and so is the timeline's."""
+  mesh = rx.target_mesh('v5e:2x2')
+  w, x = _stack(mesh, layers=4, batch=16, seq=64, width=256)
+  loss = _loss(rx.checkpoint_policies.everything_saveable)
+  costs = rx.compile_costs(loss, w, x)
+  xla = _by_hand(loss, w, x).memory_analysis().peak_memory_in_bytes
+  assert costs.timeline.peak_memory == 'on-chip'
+  assert costs.timeline.peak_bytes == pytest.approx(xla, rel=0.01)
+  report = rx.analyze(loss, w, x)
+  explained = rx.analysis.explain_peak(report, costs)
+  assert 'on-chip memory' in explained.gap_reason
+  assert explained.listed_bytes < explained.peak_bytes
+
+
+# -- the other entry points, on abstract sharded arguments ----------------------------
+
+@pytest.fixture(scope='module')
+def tpu_transformer():
+  mesh = rx.target_mesh('v5e:2x2', {'data': 2, 'model': 2})
+  return examples.sharded_transformer(mesh, num_layers=2, d_model=128, num_heads=4,
+                                      seq_len=64, batch=8, use_scan=True, fsdp=True)
+
+
+def test_examples_are_abstract_and_sharded_on_a_target_mesh(tpu_transformer):
+  _, (params, batch) = tpu_transformer
+  leaves = jax.tree_util.tree_leaves((params, batch))
+  assert all(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in leaves)
+  wq = params['blocks']['wq']
+  assert wq.sharding.spec == P(None, 'data', 'model')  # FSDP over data, TP over model
+  assert batch['tokens'].sharding.spec == P('data', None)
+
+
+def test_what_is_live_at_the_peak_is_named_on_the_target(tpu_transformer):
+  loss, args = tpu_transformer
+  report = rx.analyze(loss, *args)
+  costs = rx.compile_costs(loss, *args)
+  live = rx.live_at_peak(report, costs)
+  paths = {b.label for b in live if b.kind == 'parameter'}
+  assert paths and all(p.startswith(("params['", "data['")) for p in paths), paths
+  assert sum(b.bytes for b in live) <= costs.timeline.peak_bytes
+  labels = ' '.join(b.label for b in live)
+  copies = [b for b in costs.timeline.live_at(costs.timeline.peak_step)
+            if b.opcode in ('copy-start', 'all-reduce-start', 'all-gather-start')]
+  if copies:  # where XLA moves data in the background at the peak, it says so
+    assert 'asynchronous' in labels or 'collective' in labels
+  rows = rx.compare(loss, *args, policies={
+      'nothing_saveable': rx.checkpoint_policies.nothing_saveable,
+      'dots_saveable': rx.checkpoint_policies.dots_saveable})
+  assert rows.platform == 'tpu' and rows.device_kind == 'TPU v5 lite'
+  for row in rows.rows:
+    assert row.costs.platform == 'tpu' and row.costs.device_memory_bytes == 16 * GIB
+
+
+def test_a_search_budget_may_be_a_share_of_the_devices_memory():
+  mesh = rx.target_mesh('a100_40gb')
+  loss, args = examples.mlp(num_layers=4, width=256, batch=64, abstract=True)
+  args = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(
+      a.shape, a.dtype, sharding=NamedSharding(mesh, P())), args)
+  found = rx.search_policy(loss, *args, memory_budget='50%')
+  assert found.budget_bytes == 42331013120 // 2
+  assert found.fits and found.costs.platform == 'gpu'
+  cpu_loss, cpu_args = examples.mlp(num_layers=2, width=32, batch=8)
+  with pytest.raises(ValueError, match='memory of'):
+    rx.search_policy(cpu_loss, *cpu_args, memory_budget='50%')
+  with pytest.raises(ValueError, match='percentage'):
+    rx.search_policy(cpu_loss, *cpu_args, memory_budget='150%')
+
+
+# -- a quiet start ---------------------------------------------------------------
+
+def test_import_starts_no_backend_and_targets_start_quietly():
+  """libtpu and the CUDA plugin announce, on a machine without their
+  hardware, that it is missing; the explorer keeps that from its user, and
+  importing it starts no backend."""
+  script = textwrap.dedent('''
+      import jax, jax.numpy as jnp
+      import remat_explorer as rx
+      from jax._src import xla_bridge
+      assert not xla_bridge.backends_are_initialized(), 'import started a backend'
+      import sys
+      print('--- after import ---', file=sys.stderr, flush=True)
+      for target in ('v5e:2x2', 'h100:4'):
+        mesh = rx.target_mesh(target)
+        x = jax.ShapeDtypeStruct((8, 64), jnp.float32,
+                                 sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data')))
+        print(rx.compile_costs(lambda x: jnp.sum(jnp.sin(x) ** 2), x).platform)
+  ''')
+  env = {k: v for k, v in os.environ.items() if k != 'JAX_PLATFORMS'}
+  done = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
+                        env=env, timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert done.stdout.split() == ['tpu', 'gpu']
+  after_import = done.stderr.split('--- after import ---', 1)[1]
+  for notice in ('TPU_ACCELERATOR_TYPE', 'Unable to load CUDA', 'plugin configuration error',
+                 'TPU_WORKER_HOSTNAMES'):
+    assert notice not in after_import, after_import[-2000:]
