@@ -493,6 +493,9 @@ def test_search_budget_errors():
   with pytest.raises(ValueError, match='between 0'):
     search_policy(program, *args, memory_budget=1.5)
   with pytest.raises(TypeError, match='memory_budget'):
+    search_policy(program, *args, memory_budget=[1 << 30])
+  # A string is a share of the device's memory, and only a percentage is one.
+  with pytest.raises(ValueError, match='percentage'):
     search_policy(program, *args, memory_budget='1GB')
   # An int is bytes: 1 byte cannot hold even the step's arguments.
   with pytest.raises(ValueError, match=r'memory_budget=1 is bytes.*pass a float'):

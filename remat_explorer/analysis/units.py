@@ -49,6 +49,16 @@ def format_seconds(s: float | None) -> str:
   return f'{s * 1e9:.0f} ns'
 
 
+def memory_share_text(peak_bytes: int | None, device_memory_bytes: int | None) -> str:
+  """``'46% of 16 GiB'``, or ``'112% of 16 GiB: does not fit'``; '' where
+  either is unknown (the CPU has no device memory of its own)."""
+  if peak_bytes is None or not device_memory_bytes:
+    return ''
+  share = peak_bytes / device_memory_bytes
+  text = f'{share:.0%} of {format_bytes(device_memory_bytes)}'
+  return text if share <= 1 else text + ': does not fit'
+
+
 def byte_unit(n: float) -> float:
   """The power of 1024 `format_bytes` would use for `n`."""
   return _unit(n, 1024, len(_BYTE_UNITS))

@@ -272,19 +272,34 @@ def _quietly(fn):
     logger.removeFilter(no_cuda)
 
 
-def share_libtpu_where_no_tpu() -> None:
-  """Let every process load libtpu on a machine without TPU chips.
+def settle_absent_accelerators() -> None:
+  """Prepare, once and quietly, the compilers of accelerators this machine
+  does not have, before JAX starts a backend. Where it has no TPU chip and
+  libtpu is installed:
 
-  libtpu guards a TPU against two processes with a lockfile, taken when it
-  loads; a second process that loads it fails, and cannot compile for a TPU
-  target either. On a machine with no TPU chips there is nothing to guard:
-  there, as JAX itself skips the TPU metadata query, each process may load
-  libtpu (``ALLOW_MULTIPLE_LIBTPU_LOAD``, read when libtpu loads, so set
-  before any backend starts). A machine with TPUs is left as it is."""
+  * every process may load libtpu (``ALLOW_MULTIPLE_LIBTPU_LOAD``): libtpu
+    guards a TPU with a lockfile taken as it loads, so a second process
+    could not compile for a TPU target, and without a TPU it guards nothing;
+  * libtpu is loaded and initialized now, its notices that no TPU is
+    present captured: JAX's own start would print them into every notebook.
+
+  Where it has no NVIDIA GPU and the CUDA plugin is installed, JAX's plugin
+  discovery runs now, its report that CUDA is missing captured. Nothing is
+  done where the hardware is present, nor once JAX's backends started."""
   from jax._src import hardware_utils
+  if _xb.backends_are_initialized():
+    return
   chips, _ = hardware_utils.num_available_tpu_chips_and_device_id()
-  if chips == 0:
+  library = _xb.get_tpu_library_path()
+  if chips == 0 and library is not None and not _xla_client.pjrt_plugin_loaded('tpu'):
     _os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')
+    try:
+      _quietly(lambda: (_xla_client.load_pjrt_plugin_dynamically('tpu', library),
+                        _xla_client.initialize_pjrt_plugin('tpu')))
+    except Exception:  # left to JAX, which reports it in its own way
+      pass
+  if not hardware_utils.has_visible_nvidia_gpu() and cuda_plugin_library() is not None:
+    _quietly(_xb._discover_and_register_pjrt_plugins)
 
 
 def initialize_backends_quietly() -> None:

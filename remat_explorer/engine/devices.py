@@ -10,7 +10,7 @@ analysis builds its target meshes from these; how JAX is asked for them is
 
 from remat_explorer.engine import _jax_internals as jx
 
-jx.share_libtpu_where_no_tpu()  # before any backend starts, so on import
+jx.settle_absent_accelerators()  # before any backend starts, so on import
 
 compile_only_tpu_devices = jx.compile_only_tpu_devices
 compile_only_cuda_devices = jx.compile_only_cuda_devices

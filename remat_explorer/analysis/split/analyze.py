@@ -164,6 +164,8 @@ def _analyze(problem, policy, lowering) -> RematReport:
       backward_jaxpr=backward_jaxpr,
       num_devices=1 if placement is None else placement.num_devices,
       mesh_shape=None if placement is None else placement.mesh_shape,
+      device_kind=devices.target_device(placement).device_kind,
+      platform=devices.target_device(placement).platform,
       notes=tuple(notes),
       has_aux=problem.has_aux,
       transcendentals=(flop_count.jaxpr_transcendentals(forward_jaxpr)
@@ -182,7 +184,7 @@ def _per_device(forward_jaxpr, num_outs, problem, residual_jaxpr, origins,
       forward_jaxpr, [*problem.diff_leaves, *problem.other_leaves])
   placement = devices.Placement(
       max([placement.num_devices, *(len(s.device_set) for s in outputs)]),
-      placement.mesh_shape)
+      placement.mesh_shape, placement.device)
   by_position = outputs[num_outs:]
   shardings = [None if k is None else by_position[k]
                for k in sharding.residual_positions(residual_jaxpr, origins)]

@@ -220,6 +220,10 @@ class RematReport:
   """Devices the program is partitioned over (1 unless it is sharded)."""
   mesh_shape: tuple[tuple[str, int], ...] | None = None
   """The device mesh's axes and sizes, e.g. ``(('data', 2), ('model', 4))``."""
+  device_kind: str = ''
+  """The kind of device the program is placed on (a target's TPU or GPU, or
+  the default device)."""
+  platform: str = ''
   notes: tuple[str, ...] = ()
   """What was done to the program before analysing it, in words (e.g. a
   function without a remat block checkpointed as a whole because a policy

@@ -145,6 +145,8 @@ class Comparison:
   num_devices: int = 1
   """Devices each compiled program is partitioned over."""
   mesh_shape: tuple[tuple[str, int], ...] | None = None
+  device_memory_bytes: int | None = None
+  """One device's memory (``CompiledCosts.device_memory_bytes``); None on the CPU."""
 
   @property
   def baseline(self) -> PolicyRow | None:
@@ -229,7 +231,8 @@ def compare(f, *args, policies: Mapping[str, Any] | Sequence | None = None,
   return Comparison(function=functions, device_kind=device.device_kind,
                     platform=device.platform, rows=tuple(rows),
                     warnings=tuple(f'{r.label}: {w}' for r in rows for w in r.warnings),
-                    num_devices=device.num_devices, mesh_shape=device.mesh_shape)
+                    num_devices=device.num_devices, mesh_shape=device.mesh_shape,
+                    device_memory_bytes=device.device_memory_bytes)
 
 
 def _rows(f, args, common, policies, include_as_written, include_no_remat, parallel,

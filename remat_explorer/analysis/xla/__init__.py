@@ -11,7 +11,9 @@ module here consumes the ``CompiledProgram`` it returns.
   assignment) and the stack table of ``hlo_provenance``, from the module's
   protos (``protowire`` decodes them, ``xla_protos`` names their fields);
   for TPUs and GPUs, whose executables carry no buffer assignment,
-  ``xla_dump`` has XLA dump it with the module as it compiles.
+  ``xla_dump`` has XLA dump it with the module as it compiles, and
+  ``heap_trace`` replays XLA's heap simulation from it, whose peak XLA
+  reports for them.
 * ``hlo_provenance``: where a buffer's value was computed (the Python stack
   XLA keeps per instruction, looked through loops, fusions and copies).
 * ``executed_flops``: the FLOPs executed, each loop body once per trip.

@@ -63,15 +63,36 @@ def plot_memory_breakdown(comparison: Comparison) -> Figure:
   _, scale = _stacked_breakdown_bars(ax, [memory_breakdown(r) for r in rows])
   ax.set_yticks(range(len(rows)), [short_label(r.label) for r in rows])
   ax.invert_yaxis()
+  _device_memory_line(ax, comparison.device_memory_bytes, scale, ax.get_xlim()[1], 'x')
   ax.set_xlabel(f'compiled device memory ({unit_name(format_bytes(scale))})')
   legend_below(fig, ax)
-  ax.set_title(f'{comparison.function}: memory by policy on {comparison.device_kind}')
+  ax.set_title(f'{comparison.function}: memory by policy on {_device_words(comparison)}')
   failed = [r.label for r in comparison.rows if r.failed]
   if failed:
     # Above the axes: the space below holds the legend.
     fig.suptitle('failed to compile: ' + ', '.join(failed), fontsize=SMALL_FONT,
                  color='#b00020', x=0.01, ha='left')
   return fig
+
+
+def _device_words(comparison: Comparison) -> str:
+  """``'TPU v5 lite (16 GiB)'``: the device and, where known, its memory."""
+  memory = comparison.device_memory_bytes
+  return comparison.device_kind + (f' ({format_bytes(memory)})' if memory else '')
+
+
+DEVICE_MEMORY_SHOWN = 0.5
+"""The device's memory is drawn as a line where the largest figure on the
+axis reaches this share of it: nearer, whether it fits is the question;
+farther, the line would squash every bar to the axis (the title says it)."""
+
+
+def _device_memory_line(ax, memory: int | None, scale: float, largest: float, axis: str):
+  if not memory or largest < DEVICE_MEMORY_SHOWN * memory / scale:
+    return
+  draw = ax.axvline if axis == 'x' else ax.axhline
+  draw(memory / scale, color='#b00020', linestyle='-.', linewidth=1.2,
+       label=f'device memory {format_bytes(memory)}')
 
 
 def _stacked_breakdown_bars(ax, parts: list[dict[str, int]]) -> tuple[np.ndarray, float]:
@@ -183,9 +204,11 @@ def plot_pareto(comparison: Comparison, *, selected: str | None = None,
                label=f'searched: {short_label(search_result.label)}')
     ax.axvline(search_result.budget_bytes / mem_scale, color='#ff7f0e', linestyle=':',
                label=f'budget {format_bytes(search_result.budget_bytes)}')
+  _device_memory_line(ax, comparison.device_memory_bytes, mem_scale,
+                      max([p[1] for p in points], default=0) / mem_scale, 'x')
   ax.set_xlabel(f'peak device memory ({unit_name(format_bytes(mem_scale))})')
   ax.set_ylabel(f'FLOPs, forward + backward ({unit_name(format_flops(flop_scale))})')
-  ax.set_title(f'{comparison.function}: memory against FLOPs on {comparison.device_kind}')
+  ax.set_title(f'{comparison.function}: memory against FLOPs on {_device_words(comparison)}')
   ax.grid(alpha=0.3)
   ax.margins(0.15)  # room for labels around the outermost points
   legend_outside(ax)

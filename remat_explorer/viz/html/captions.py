@@ -18,10 +18,11 @@ def caption_html(policy: str, lowering: str, device: str, what: str = 'showing')
 
 
 def device_text(report=None) -> str:
-  """Where `report`'s program runs: the default device's kind, and for a
-  sharded program how many devices and which mesh (without a report, the
-  default device)."""
-  kind = jax.devices()[0].device_kind
+  """Where `report`'s program runs: its device's kind (a target's, or the
+  default device's), and for a sharded program how many devices and which
+  mesh (without a report, the default device)."""
+  kind = (report.device_kind if report is not None and report.device_kind
+          else jax.devices()[0].device_kind)
   if report is None or report.num_devices <= 1:
     return f'device {kind}'
   mesh = mesh_text(report.mesh_shape)

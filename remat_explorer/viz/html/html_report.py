@@ -67,7 +67,10 @@ def report_html(comparison, report, *, title: str | None = None,
       f'<title>{esc(title)}</title><style>{_STYLE}</style></head><body>',
       f'<h1>{esc(title)}</h1>',
       f'<p class="note">Device: {esc(comparison.device_kind)} '
-      f'({esc(comparison.platform)}). Memory and compiled FLOPs are XLA\'s '
+      f'({esc(comparison.platform)}'
+      + (f', {format_bytes(comparison.device_memory_bytes)} of memory each'
+         if comparison.device_memory_bytes else '')
+      + '). Memory and compiled FLOPs are XLA\'s '
       'figures for the compiled programs (FLOPs executed, each loop body once per '
       'trip); the charts, the front and the recommendation rank by them, and the '
       'table also gives what the jaxpr asks for. A policy\'s warnings are in its '

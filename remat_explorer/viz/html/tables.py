@@ -14,7 +14,7 @@ from remat_explorer.analysis.split.report import RematReport, Residual
 from remat_explorer.analysis.program.devices import mesh_text
 from remat_explorer.viz.charts._figures import short_label
 from remat_explorer.viz.text import (MISSING, format_bytes, format_flops, format_seconds,
-                                     html_text, unique_lines)
+                                     html_text, memory_share_text, unique_lines)
 
 RESIDUAL_SORT_KEYS = {
     'bytes': lambda r: r.bytes,
@@ -147,7 +147,8 @@ def comparison_table_html(comparison: Comparison) -> str:
   whole there, so that no row grows tall."""
   sharded = comparison.num_devices > 1
   headings = ['policy', 'residual bytes', 'compiled temp', 'compiled peak',
-              'FLOPs (compiled)', 'FLOPs (jaxpr)', 'recompute FLOPs', 'compile', 'run', 'Pareto']
+              'FLOPs (compiled)', 'FLOPs (jaxpr)', 'recompute FLOPs', 'compile', 'run', 'Pareto',
+              'of device memory']
   if sharded:
     headings[2:6] = ['residual bytes / device', 'compiled temp / device',
                      'compiled peak / device', 'collectives (recompute)',
@@ -158,7 +159,8 @@ def comparison_table_html(comparison: Comparison) -> str:
     cells = [label, format_bytes(r.residual_bytes), format_bytes(r.temp_bytes),
              format_bytes(r.peak_bytes), format_flops(r.compiled_flops), format_flops(r.flops),
              format_flops(r.recompute_flops), format_seconds(r.compile_seconds),
-             format_seconds(r.run_seconds), '✓' if r.on_pareto_front else '']
+             format_seconds(r.run_seconds), '✓' if r.on_pareto_front else '',
+             memory_share_text(r.peak_bytes, comparison.device_memory_bytes)]
     if sharded:
       collectives = (MISSING if r.collectives is None
                      else f'{r.collectives} ({r.recompute_collectives})')
@@ -180,7 +182,9 @@ def comparison_table_html(comparison: Comparison) -> str:
       body.append(f'<tr class="remat-notes"><td colspan="{len(headings)}">'
                   f'{html_text(note)}</td></tr>')
   lowering = comparison_lowering(comparison)
+  memory = comparison.device_memory_bytes
   caption = (f'{html_text(comparison.function)} on {html_text(comparison.device_kind)}'
+             + (f' ({format_bytes(memory)} each)' if memory else '')
              + (f', lowering {html_text(lowering)}' if lowering else '')
              + f'; charts use the {html_text(comparison.flops_used_by_charts)} FLOP count')
   if sharded:
@@ -217,7 +221,10 @@ def costs_table_html(costs, baseline=None) -> str:
   no_remat = (MISSING if baseline is None or baseline.failed
               else both(baseline.peak_bytes, format_bytes))
   rows = [('device', costs.device_kind),
+          ('device memory', both(costs.device_memory_bytes, format_bytes)),
           ('peak bytes', both(costs.peak_bytes, format_bytes)),
+          ('peak of device memory',
+           memory_share_text(costs.peak_bytes, costs.device_memory_bytes) or MISSING),
           ('temp bytes', both(costs.temp_bytes, format_bytes)),
           ('argument bytes', both(costs.argument_bytes, format_bytes)),
           ('output bytes', both(costs.output_bytes, format_bytes)),

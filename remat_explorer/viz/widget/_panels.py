@@ -12,7 +12,7 @@ from remat_explorer.viz.html.captions import (caption_html, device_text,  # noqa
 from remat_explorer.viz.html.tables import TABLE_CSS, costs_table_html
 from remat_explorer.viz.html.snapshot import compiled_figures
 from remat_explorer.viz.html.timeline_html import timeline_html
-from remat_explorer.viz.text import format_bytes, format_flops, html_text
+from remat_explorer.viz.text import format_bytes, format_flops, html_text, memory_share_text
 
 STALE = 'remat-stale'
 """Class of a view whose figures are being recomputed: greyed, labelled."""
@@ -91,7 +91,9 @@ def costs_html(label, lowering, costs, baseline, report, figures=None) -> str:
   when the compiler merged the recompute away, the memory timeline (no
   remat's beside it) and what is live at the peak; `figures`, what
   ``compiled_figures`` read of them, if it has."""
-  caption = caption_html(label, lowering, f'device {costs.device_kind}', 'compiled')
+  share = memory_share_text(costs.peak_bytes, costs.device_memory_bytes)
+  caption = caption_html(label, lowering, f'device {costs.device_kind}'
+                         + (f' · peak {share}' if share else ''), 'compiled')
   if costs.failed:
     return caption + error_html(f'Compile failed: {costs.error}')
   flag, view = figures or compiled_figures(report, costs, baseline)
