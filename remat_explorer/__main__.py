@@ -2,7 +2,9 @@
 
 ``report`` writes a self-contained HTML report for an example model or for
 a function of yours (``--fn module:function``, a function that returns
-``(loss_fn, args)``), printing progress while it compiles. ``share
+``(loss_fn, args)``), printing progress while it compiles; ``--target
+v5e:16x16 --mesh data=64,model=4`` compiles it for an accelerator this
+machine need not have. ``share
 NOTEBOOK`` makes a notebook saved without its widgets' state show its
 Explorers' snapshots when reopened (``viz/widget/shared_notebook.py``).
 
@@ -22,26 +24,83 @@ import time
 from pathlib import Path
 
 
+def _mesh_axes(text: str | None) -> dict[str, int] | None:
+  """``'data=4,model=2'`` -> ``{'data': 4, 'model': 2}``."""
+  if text is None:
+    return None
+  axes = {}
+  for part in text.split(','):
+    name, _, size = part.partition('=')
+    if not name.strip().isidentifier() or not size.strip().isdigit() or int(size) < 1:
+      raise SystemExit(f'--mesh expects axis=size pairs such as data=4,model=2, got {text!r}')
+    axes[name.strip()] = int(size)
+  return axes
+
+
+def _target_problem(args, mesh):
+  """The problem placed on `mesh` (a ``target_mesh``), its arguments
+  abstract: the example transformer sharded over ('data', 'model'); an
+  --fn whose function takes a ``mesh`` builds its own; any other
+  program's arguments are replicated over the mesh."""
+  import inspect
+  import jax
+  from jax.sharding import NamedSharding, PartitionSpec
+  from remat_explorer import examples
+  if not args.fn and args.model in ('transformer', 'transformer_scan'):
+    if set(mesh.axis_names) != set(examples.MESH_AXES):
+      raise SystemExit(f'--model {args.model} on a target needs --mesh with the axes data and '
+                       f'model (e.g. data={mesh.size},model=1), got {dict(mesh.shape)}')
+    return examples.sharded_transformer(mesh, use_scan=args.model == 'transformer_scan',
+                                        batch=max(8, mesh.shape['data']))
+  if args.fn:
+    make = _function_of(args.fn)
+    if 'mesh' in inspect.signature(make).parameters:
+      return _checked(args.fn, make(mesh=mesh))
+    loss_fn, fn_args = _checked(args.fn, make())
+  else:
+    loss_fn, fn_args = examples.build(args.model, abstract=True)
+  replicated = NamedSharding(mesh, PartitionSpec())
+  return loss_fn, jax.tree_util.tree_map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), tuple(fn_args))
+
+
+def _function_of(fn: str):
+  module_name, _, attr = fn.partition(':')
+  if not attr:
+    raise SystemExit(f'--fn expects module:function, got {fn!r}')
+  try:
+    make = getattr(importlib.import_module(module_name), attr)
+  except (ImportError, AttributeError) as e:
+    raise SystemExit(f'cannot load {fn!r}: {e}') from e
+  if not callable(make):
+    raise SystemExit(f'--fn {fn!r} is a {type(make).__name__}, not a function '
+                     'returning (loss_fn, args)')
+  return make
+
+
+def _checked(fn: str, made):
+  if not (isinstance(made, (tuple, list)) and len(made) == 2 and callable(made[0])
+          and isinstance(made[1], (tuple, list))):
+    raise SystemExit(f'--fn {fn!r} must return (loss_fn, args): a function and a '
+                     f'tuple of its arguments, but returned {_kind(made)}')
+  return made[0], tuple(made[1])
+
+
 def _load_problem(args):
   from remat_explorer import examples
-  if args.fn:
-    module_name, _, attr = args.fn.partition(':')
-    if not attr:
-      raise SystemExit(f'--fn expects module:function, got {args.fn!r}')
+  if args.target:
+    from remat_explorer.analysis.targets import target_mesh
     try:
-      make = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as e:
-      raise SystemExit(f'cannot load {args.fn!r}: {e}') from e
-    if not callable(make):
-      raise SystemExit(f'--fn {args.fn!r} is a {type(make).__name__}, not a function '
-                       'returning (loss_fn, args)')
-    made = make()
-    if not (isinstance(made, (tuple, list)) and len(made) == 2 and callable(made[0])
-            and isinstance(made[1], (tuple, list))):
-      raise SystemExit(f'--fn {args.fn!r} must return (loss_fn, args): a function and a '
-                       f'tuple of its arguments, but returned {_kind(made)}')
-    loss_fn, fn_args = made
-    return loss_fn, tuple(fn_args)
+      mesh = target_mesh(args.target, _mesh_axes(args.mesh))
+    except (ValueError, ModuleNotFoundError) as e:
+      raise SystemExit(f'--target: {e}') from None
+    print(f'compiling for {mesh.size} × {mesh.devices.flat[0].device_kind} '
+          f'(mesh {dict(mesh.shape)}), from this machine', flush=True)
+    return _target_problem(args, mesh)
+  if args.mesh:
+    raise SystemExit('--mesh needs --target: the devices it arranges')
+  if args.fn:
+    return _checked(args.fn, _function_of(args.fn)())
   if args.model == 'transformer_scan':
     return examples.transformer(use_scan=True)
   return examples.build(args.model)
@@ -85,6 +144,13 @@ def report_main(argv=None) -> int:
   parser.add_argument('--lowering', choices=list(LOWERINGS), default=None,
                       help='how remat blocks are lowered (default: the library\'s); '
                            'cond keeps a recompute XLA would merge into the forward pass')
+  parser.add_argument('--target', default=None,
+                      help='compile for an accelerator this machine need not have: a TPU '
+                           'topology (v5e:2x2, v5e:16x16, v5p:4x4x4) or a GPU and a count '
+                           '(h100:8, h100:4x8 for 4 hosts of 8); arguments are abstract')
+  parser.add_argument('--mesh', default=None,
+                      help="the target's mesh axes, e.g. data=4,model=2 (default: data over "
+                           'every device)')
   parser.add_argument('--out', default='report.html', type=Path)
   args = parser.parse_args(argv)
 
@@ -166,7 +232,7 @@ def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else argv
   if not argv or argv[0] not in COMMANDS:
     print('usage: python -m remat_explorer report [--model M | --fn module:function] '
-          '[--policy P] [--out report.html]\n'
+          '[--policy P] [--target T [--mesh data=4,model=2]] [--out report.html]\n'
           '       python -m remat_explorer share NOTEBOOK [--out COPY]', file=sys.stderr)
     return 2
   return COMMANDS[argv[0]](argv[1:])
