@@ -9,6 +9,7 @@ the peak, and the device's memory.
 """
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -266,3 +267,21 @@ def test_import_starts_no_backend_and_targets_start_quietly():
   for notice in ('TPU_ACCELERATOR_TYPE', 'Unable to load CUDA', 'plugin configuration error',
                  'TPU_WORKER_HOSTNAMES'):
     assert notice not in after_import, after_import[-2000:]
+
+
+# -- the report CLI --------------------------------------------------------------
+
+def test_the_report_cli_compiles_for_a_target(tmp_path, capsys):
+  from remat_explorer.__main__ import report_main
+  out = tmp_path / 'report.html'
+  assert report_main(['--model', 'mlp', '--target', 'h100:2', '--mesh', 'data=2',
+                      '--out', str(out)]) == 0
+  page = out.read_text()
+  assert 'Device: NVIDIA H100 80GB HBM3 (gpu, 79.1 GiB of memory each)' in page
+  assert re.search(r'<td>[0-9.]+% of 79\.1 GiB</td>', page)
+  assert 'compiling for 2 × NVIDIA H100 80GB HBM3' in capsys.readouterr().out
+  for argv, words in ((['--mesh', 'data=2'], '--mesh needs --target'),
+                      (['--target', 'h100:2', '--mesh', 'data=two'], 'axis=size pairs'),
+                      (['--target', 'h100:2', '--mesh', 'data=3'], "has 2 devices")):
+    with pytest.raises(SystemExit, match=words):
+      report_main(['--model', 'mlp', '--out', str(out), *argv])

@@ -55,7 +55,7 @@ def memory_share_text(peak_bytes: int | None, device_memory_bytes: int | None) -
   if peak_bytes is None or not device_memory_bytes:
     return ''
   share = peak_bytes / device_memory_bytes
-  text = f'{share:.0%} of {format_bytes(device_memory_bytes)}'
+  text = f'{100 * share:.3g}% of {format_bytes(device_memory_bytes)}'
   return text if share <= 1 else text + ': does not fit'
 
 
