@@ -15,8 +15,9 @@ For each target it measures, in one run:
   against the device's memory;
 * the same steps compiled by hand (``jax.jit(jax.value_and_grad(f))``, each
   policy applied with ``jax.checkpoint``'s own policies through the model's
-  ``nn.remat``), one at a time: their summed time, the ratio, and that each
-  hand peak equals ``compare``'s row;
+  ``nn.remat``), one at a time in a process of their own, first: their
+  summed time and peak RSS, the ratios, and that each hand peak equals
+  ``compare``'s row;
 * ``search_policy`` at 90% of the device's memory: its time, compiles and
   answer, checked against every row of the comparison that fits (a searched
   policy is never beaten on both peak and FLOPs by a row of the same table).
@@ -55,11 +56,12 @@ class Block(nn.Module):
   d_model: int
   num_heads: int
   d_ff: int
+  mesh: object
 
   @nn.compact
   def __call__(self, x, _):
     dense = lambda features, name: nn.Dense(features, name=name, dtype=jnp.bfloat16)
-    x = jax.lax.with_sharding_constraint(x, P('data', None, None))
+    x = jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, P('data', None, None)))
     h = nn.LayerNorm(name='ln_attn', dtype=jnp.bfloat16)(x)
     qkv = checkpoint_name(dense(3 * self.d_model, 'qkv')(h), 'qkv')
     q, k, v = jnp.split(qkv, 3, axis=-1)
@@ -81,14 +83,16 @@ class LM(nn.Module):
   num_heads: int = 16
   d_ff: int = 8192
   policy: object = None
+  mesh: object = None
+  remat: bool = True
 
   @nn.compact
   def __call__(self, tokens):
     x = nn.Embed(VOCAB, self.d_model, name='embed')(tokens).astype(jnp.bfloat16)
-    block = nn.remat(Block, policy=self.policy, prevent_cse=False)
+    block = nn.remat(Block, policy=self.policy, prevent_cse=False) if self.remat else Block
     x, _ = nn.scan(block, variable_axes={'params': 0}, split_rngs={'params': True},
                    length=self.num_layers)(self.d_model, self.num_heads, self.d_ff,
-                                           name='layers')(x, None)
+                                           self.mesh, name='layers')(x, None)
     x = nn.LayerNorm(name='ln_final', dtype=jnp.bfloat16)(x)
     return nn.Dense(VOCAB, name='head', dtype=jnp.bfloat16)(x)
 
@@ -109,9 +113,9 @@ def _spec(path: str, ndim: int) -> P:
   return P(*([None] * ndim))
 
 
-def lm_step(mesh, layers: int, policy=None):
+def lm_step(mesh, layers: int, policy=None, remat: bool = True):
   """(loss_fn, (params, tokens)), abstract and sharded over `mesh`."""
-  model = LM(num_layers=layers, policy=policy)
+  model = LM(num_layers=layers, policy=policy, mesh=mesh, remat=remat)
   batch = PER_DATA_SHARD_BATCH * mesh.shape['data']
   tokens = jax.ShapeDtypeStruct((batch, 2048), jnp.int32,
                                 sharding=NamedSharding(mesh, P('data', None)))
@@ -163,28 +167,17 @@ def bench_target(target: str, layers: int, hand: bool, search: bool) -> dict:
   out['rows'] = rows
 
   if hand:
-    policies = {label: p for label, p in builtin_policies(
-        next(r.report for r in table.rows if r.report is not None).names_in_program).items()}
-    hand_seconds, mismatches = 0.0, []
-    for label, policy in policies.items():
-      hand_loss, hand_args = lm_step(mesh, layers, policy=jax_policy(policy))
-      start = time.perf_counter()
-      compiled = jax.jit(jax.value_and_grad(hand_loss)).lower(*hand_args).compile()
-      hand_seconds += time.perf_counter() - start
-      peak = compiled.memory_analysis().peak_memory_in_bytes
-      row = table.row(label)
-      if row is not None and row.peak_bytes != peak:
-        mismatches.append((label, row.peak_bytes, peak))
-      print(f'   by hand {label[:40]:40s} peak {format_bytes(peak):>10s} '
-            f'{"= compare" if row is not None and row.peak_bytes == peak else "≠ compare"}',
-            flush=True)
-    compared = sum(r.compile_seconds or 0 for r in table.rows if r.label in policies)
-    out.update(hand_seconds=hand_seconds, hand_rss_mib=peak_rss_mib(),
+    hand_out = _hand_in_a_process(target, layers)
+    mismatches = [(label, table.row(label).peak_bytes, peak)
+                  for label, peak in hand_out['peaks'].items()
+                  if table.row(label) is not None and table.row(label).peak_bytes != peak]
+    out.update(hand_seconds=hand_out['seconds'], hand_rss_mib=hand_out['rss_mib'],
                hand_mismatches=mismatches)
-    print(f'by hand: {len(policies)} compiles in {hand_seconds:.1f} s; compare\'s '
-          f'{len(table.rows)} rows took {out["compare_seconds"]:.1f} s '
-          f'(ratio {out["compare_seconds"] / hand_seconds:.2f}; its compiles of the same '
-          f'policies {compared:.1f} s); mismatched peaks: {mismatches or "none"}')
+    print(f'by hand, in a process of its own: {len(hand_out["peaks"])} compiles one at a '
+          f'time in {hand_out["seconds"]:.1f} s, peak RSS {hand_out["rss_mib"]:.0f} MiB; '
+          f'compare of the same rows: {out["compare_seconds"] / hand_out["seconds"]:.2f}× '
+          f'the time, {out["compare_rss_mib"] / hand_out["rss_mib"]:.2f}× the RSS; '
+          f'peaks differing from compare\'s: {mismatches or "none"}')
 
   if search:
     start = time.perf_counter()
@@ -204,6 +197,35 @@ def bench_target(target: str, layers: int, hand: bool, search: bool) -> dict:
   return out
 
 
+def hand_compiles(target: str, layers: int, names) -> dict:
+  """Every row of the comparison compiled by hand, one at a time: the
+  program as written (nn.remat's own policy), without remat, and each
+  built-in policy (``jax.checkpoint``'s own, through nn.remat)."""
+  mesh = rx.target_mesh(target, MESHES[target])
+  programs = {'as written': dict(), 'no remat': dict(remat=False),
+              **{label: dict(policy=jax_policy(p))
+                 for label, p in builtin_policies(names).items()}}
+  seconds, peaks = 0.0, {}
+  for label, options in programs.items():
+    hand_loss, hand_args = lm_step(mesh, layers, **options)
+    start = time.perf_counter()
+    compiled = jax.jit(jax.value_and_grad(hand_loss)).lower(*hand_args).compile()
+    seconds += time.perf_counter() - start
+    peaks[label] = compiled.memory_analysis().peak_memory_in_bytes
+    print(f'   by hand {label[:40]:40s} peak {format_bytes(peaks[label]):>10s}', flush=True)
+  return {'seconds': seconds, 'rss_mib': peak_rss_mib(), 'peaks': peaks}
+
+
+def _hand_in_a_process(target: str, layers: int) -> dict:
+  """``hand_compiles`` in a process of its own, so its peak RSS is its own."""
+  import subprocess
+  import tempfile
+  with tempfile.NamedTemporaryFile(suffix='.json') as f:
+    subprocess.run([sys.executable, __file__, '--hand-only', '--targets', target,
+                    '--layers', str(layers), '--json', f.name], check=True)
+    return json.loads(Path(f.name).read_text())
+
+
 def jax_policy(policy):
   """The engine's built-in policy as the ``jax.checkpoint`` policy of the same name,
   for the hand compiles (nn.remat is JAX's own remat)."""
@@ -221,7 +243,13 @@ def main():
   parser.add_argument('--no-hand', action='store_true')
   parser.add_argument('--no-search', action='store_true')
   parser.add_argument('--json', default=None)
+  parser.add_argument('--hand-only', action='store_true', help=argparse.SUPPRESS)
   a = parser.parse_args()
+  if a.hand_only:  # the baseline, run by bench_target in a process of its own
+    loss_fn, args = lm_step(rx.target_mesh(a.targets[0], MESHES[a.targets[0]]), a.layers)
+    names = rx.analyze(loss_fn, *args).names_in_program
+    Path(a.json).write_text(json.dumps(hand_compiles(a.targets[0], a.layers, names)))
+    return
   results = [bench_target(t, a.layers, not a.no_hand, not a.no_search) for t in a.targets]
   if a.json:
     Path(a.json).write_text(json.dumps({'jax': jax.__version__, 'results': results},
