@@ -35,12 +35,12 @@ from remat_explorer.viz.html.html_report import report_html
 from remat_explorer.viz.html.tables import (comparison_table_html, jaxpr_html, peak_table_html,
                                             report_jaxprs_html, residual_table_html)
 from remat_explorer.viz.widget.explorer import Explorer, StaticView, explore
-from remat_explorer.viz.text import format_bytes, format_flops
+from remat_explorer.viz.text import format_bytes, format_flops, memory_share_text
 
 __all__ = [
     'split_graph', 'to_svg', 'render_svg', 'plot_memory_breakdown', 'plot_pareto',
     'plot_residuals_by_origin', 'plot_memory_timeline', 'plot_per_device_memory',
     'residual_table_html', 'peak_table_html',
     'comparison_table_html', 'jaxpr_html', 'report_jaxprs_html', 'report_html',
-    'explore', 'Explorer', 'StaticView', 'format_bytes', 'format_flops',
+    'explore', 'Explorer', 'StaticView', 'format_bytes', 'format_flops', 'memory_share_text',
 ]
