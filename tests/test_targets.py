@@ -285,3 +285,17 @@ def test_the_report_cli_compiles_for_a_target(tmp_path, capsys):
                       (['--target', 'h100:2', '--mesh', 'data=3'], "has 2 devices")):
     with pytest.raises(SystemExit, match=words):
       report_main(['--model', 'mlp', '--out', str(out), *argv])
+
+
+def test_the_explorer_shows_the_target_and_its_memory():
+  mesh = rx.target_mesh('h100:2')
+  w, x = _stack(mesh, layers=2, seq=64, width=256, seed=11)
+  explorer = rx.explore(_loss(rx.checkpoint_policies.dots_saveable), w, x)
+  explorer.wait(300)
+  assert 'error' not in explorer.error.value, explorer.error.value
+  for view in (explorer.residual_view, explorer.costs_view):
+    caption = re.search(r'<p class="remat-caption">(.*?)</p>', view.value).group(1)
+    assert 'NVIDIA H100 80GB HBM3' in caption, caption
+  costs = rx.compile_costs(_loss(rx.checkpoint_policies.dots_saveable), w, x)
+  share = re.escape(rx.viz.memory_share_text(costs.peak_bytes, costs.device_memory_bytes))
+  assert re.search(share, explorer.costs_view.value)

@@ -228,18 +228,17 @@ def start_step_compile(step, leaves, *, function, policy, lowering, donate_argnu
     compiled = executor.submit(timed_compile)
   return _StepCompile(
       lowered=lowered, compiled=compiled, analysis=analysis, dump=dump,
-      lower_seconds=lower_seconds, placement=placement, notes=tuple(notes),
+      lower_seconds=lower_seconds, placement=placement, device=device, notes=tuple(notes),
       common=dict(function=function, policy=policy, lowering=lowering,
                   platform=device.platform, device_kind=device.device_kind,
                   device_memory_bytes=device_memory_bytes(device)))
 
 
-def _counting_device(placement):
-  """The device whose XLA counts the FLOPs of a module's computations: the
-  target's own, or, for a compile-only one (which cannot analyse a module
-  alone), the CPU's, whose cost analysis gives XLA:TPU's counts of TPU
-  modules (checked in tests/test_targets.py)."""
-  device = target_device(placement)
+def _counting_device(device):
+  """The device whose XLA counts the FLOPs of a module's computations:
+  `device` itself, or, for a compile-only one (which cannot analyse a
+  module alone), the CPU, whose cost analysis gives XLA:TPU's own counts of
+  TPU modules (checked in tests/test_targets.py)."""
   return jax.devices('cpu')[0] if engine.is_compile_only(device) else device
 
 
@@ -263,6 +262,8 @@ class _StepCompile:
   dump: XlaDump | None
   lower_seconds: float
   placement: object
+  device: object
+  """The device compiled for (a target's compile-only one, say)."""
   notes: tuple[str, ...]
   common: dict
 
@@ -304,7 +305,7 @@ class _StepCompile:
       except Exception as e:
         notes.append(f'memory timeline unavailable: {type(e).__name__}: {e}')
       try:
-        executed = executed_flops(module, _counting_device(self.placement),
+        executed = executed_flops(module, _counting_device(self.device),
                                   cost.get('flops'))
       except Exception as e:  # a text XLA's parser refuses: say so, keep the rest
         notes.append(f'executed FLOPs unavailable: {type(e).__name__}: {e}')

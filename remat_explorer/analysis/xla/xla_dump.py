@@ -19,6 +19,7 @@ import glob
 import os
 import shutil
 import tempfile
+import weakref
 
 from remat_explorer.analysis.xla import protowire as wire, xla_protos as pb
 
@@ -28,6 +29,9 @@ class XlaDump:
 
   def __init__(self):
     self.directory = tempfile.mkdtemp(prefix='remat_explorer_xla_')
+    # Removed with this object, or at exit, where no read removed it (an
+    # interrupted compile, a compile whose result nobody read).
+    self._remove = weakref.finalize(self, shutil.rmtree, self.directory, True)
 
   def compiler_options(self) -> dict:
     return {'xla_dump_to': self.directory, 'xla_dump_hlo_as_proto': True}
@@ -52,4 +56,4 @@ class XlaDump:
       self.remove()
 
   def remove(self) -> None:
-    shutil.rmtree(self.directory, ignore_errors=True)
+    self._remove()
