@@ -3,6 +3,9 @@
 named as its user sees it (``In [3], line 2``), not by IPython's temp file."""
 
 import json
+import sys
+import textwrap
+from pathlib import Path
 import re
 
 import flax.linen as nn
@@ -85,3 +88,51 @@ def test_a_notebook_cell_is_named_by_its_execution_count(tmp_path):
                  resources={'metadata': {'path': str(tmp_path)}}).execute()
   printed = ''.join(o.get('text', '') for o in notebook.cells[2].outputs)
   assert json.loads(printed.replace("'", '"')) == ['In [2], line 2 (loss)']
+
+
+def test_a_model_installed_as_a_package_keeps_its_own_lines(tmp_path):
+  """A model installed from a package index lies in site-packages beside
+  JAX and Flax; it is the user's code all the same: its residuals and
+  blocks are named by its own lines, not by the call of ``model.apply``."""
+  import importlib
+  import shutil
+  import sysconfig
+  import uuid
+  name = f'remat_explorer_installed_model_{uuid.uuid4().hex[:8]}'
+  package = Path(sysconfig.get_paths()['purelib']) / name
+  package.mkdir()
+  try:
+    (package / '__init__.py').write_text(textwrap.dedent('''\
+        import jax.numpy as jnp
+        from flax import linen as nn
+
+
+        class Block(nn.Module):
+          @nn.compact
+          def __call__(self, x):
+            h = nn.Dense(16, name='up')(x)
+            h = jnp.sin(h) * jnp.tanh(h)
+            return x + nn.Dense(8, name='down')(h)
+
+
+        class Model(nn.Module):
+          @nn.compact
+          def __call__(self, x):
+            for i in range(2):
+              x = nn.remat(Block)(name=f'block{i}')(x)
+            return x
+        '''))
+    importlib.invalidate_caches()
+    installed = importlib.import_module(name)
+    model = installed.Model()
+    x = jax.random.normal(jax.random.key(5), (4, 8))
+    params = model.init(jax.random.key(6), x)['params']
+    loss = lambda params, x: jnp.sum(model.apply({'params': params}, x) ** 2)
+    report = analyze(loss, params, x)
+    # The first block's output, saved for the second: made on the package's line 10.
+    lines = {r.source for r in report.residuals if r.primitive == 'add'}
+    assert lines and all(f'{name}/__init__.py:10' in line for line in lines), lines
+    assert not any('core_fn' in b.name for b in report.blocks), [b.name for b in report.blocks]
+  finally:
+    shutil.rmtree(package, ignore_errors=True)
+    sys.modules.pop(name, None)

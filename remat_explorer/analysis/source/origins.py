@@ -42,9 +42,17 @@ from remat_explorer.analysis.cache import cleared_with_results
 from remat_explorer.analysis.source.cells import cell_label, cell_number, line_text
 from remat_explorer.engine import is_engine_scope
 
-# Frames in these packages are the machinery between the user and JAX.
+# Frames in these packages are the machinery between the user and JAX: a
+# library is told by what it is (its package), never by where it lies. A
+# model installed from a package index lies in site-packages as they do, and
+# is the user's code all the same.
 _LIBRARIES = ('jax', 'jaxlib', 'flax', 'equinox', 'optax', 'chex', 'jaxtyping',
-              'typeguard', 'wadler_lindig', 'treescope', 'remat_explorer')
+              'typeguard', 'wadler_lindig', 'treescope', 'numpy', 'ml_dtypes',
+              'opt_einsum', 'diffrax', 'lineax', 'optimistix', 'remat_explorer',
+              # what runs the user's code: notebooks, widgets, test runners
+              'IPython', 'ipykernel', 'ipywidgets', 'anywidget', 'traitlets', 'tornado',
+              'zmq', 'jupyter_client', 'nbclient', 'pytest', '_pytest', 'pluggy',
+              'xdist', 'execnet', 'hypothesis')
 
 
 @functools.lru_cache(maxsize=None)
@@ -60,11 +68,28 @@ def _package_roots(names: tuple[str, ...]) -> tuple[str, ...]:
   return tuple(os.path.join(os.path.realpath(r), '') for r in roots)
 
 
+def _folders(paths) -> tuple[str, ...]:
+  return tuple(sorted({os.path.join(os.path.realpath(p), '') for p in paths if p}))
+
+
 @functools.lru_cache(maxsize=None)
-def _library_roots() -> tuple[str, ...]:
-  stdlib = {sysconfig.get_paths()['stdlib'], sysconfig.get_paths()['platstdlib']}
-  return (*(os.path.join(os.path.realpath(r), '') for r in stdlib),
-          *_package_roots(_LIBRARIES))
+def _standard_library_roots() -> tuple[str, ...]:
+  paths = sysconfig.get_paths()
+  return _folders((paths['stdlib'], paths['platstdlib']))
+
+
+@functools.lru_cache(maxsize=None)
+def _installed_package_roots() -> tuple[str, ...]:
+  """Where installed packages lie: a virtual environment's ``platstdlib``
+  (``<venv>/lib/python3.11``) holds its ``site-packages``, which is no more
+  the standard library than the user's own folder is."""
+  import site
+  import sys
+  paths = sysconfig.get_paths()
+  found = [paths['purelib'], paths['platlib'], *getattr(site, 'getsitepackages', list)()]
+  found += [p for p in sys.path if os.path.basename(p.rstrip(os.sep)) in
+            ('site-packages', 'dist-packages')]
+  return _folders(found)
 
 
 # This package's example models are a user's code like any other.
@@ -74,12 +99,19 @@ _OWN_EXAMPLES = os.path.realpath(importlib.util.find_spec('remat_explorer').subm
 
 @functools.lru_cache(maxsize=4096)
 def is_library_file(path: str) -> bool:
+  """Whether `path` is library code rather than the user's: a file of one
+  of ``_LIBRARIES``, or of Python's standard library (installed packages
+  aside)."""
   if not path or path.startswith('<frozen'):
     return True
   real = os.path.realpath(path)
   if real == _OWN_EXAMPLES:
     return False
-  return any(real.startswith(root) for root in _library_roots())
+  if any(real.startswith(root) for root in _package_roots(_LIBRARIES)):
+    return True
+  if any(real.startswith(root) for root in _installed_package_roots()):
+    return False
+  return any(real.startswith(root) for root in _standard_library_roots())
 
 
 @dataclasses.dataclass(frozen=True, order=True)
