@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import remat_explorer as rx
+from remat_explorer.analysis.context import compiles_run
 
 X = jnp.asarray(np.random.default_rng(7).standard_normal(3), jnp.float32)
 
@@ -208,6 +209,31 @@ def test_a_python_number_output_without_has_aux_is_one_error(entry, extra):
   with pytest.raises(TypeError, match=r"'loss' returned the Python int 3 at output\[1\].*"
                                       r'pass has_aux=True'):
     getattr(rx, entry)(loss, W, **extra)
+
+
+@pytest.mark.parametrize('entry, extra', [
+    ('analyze', {}), ('compile_costs', {}), ('estimate_costs', {}), ('compare', {}),
+    ('search_policy', {'memory_budget': 0.5})])
+def test_loss_and_aux_without_has_aux_is_refused_before_any_compile(entry, extra):
+  def loss(w):
+    return jnp.sum(jnp.sin(w @ w)), jnp.cos(w)
+  before = compiles_run()
+  with pytest.raises(TypeError, match=r'loss returns a pair .*pass has_aux=True') as info:
+    getattr(rx, entry)(loss, W, **extra)
+  assert '\n' not in str(info.value)
+  assert compiles_run() == before
+  # With has_aux, the same function is one loss and its aux.
+  assert rx.analyze(loss, W, has_aux=True).has_aux
+
+
+@pytest.mark.parametrize('entry', ['analyze', 'compile_costs', 'compare', 'estimate_costs'])
+def test_a_misspelt_keyword_names_the_entry_point_and_the_function(entry):
+  def my_loss(w):
+    return jnp.sum(jnp.sin(w))
+  with pytest.raises(TypeError) as info:
+    getattr(rx, entry)(my_loss, W, polciy=None)
+  assert str(info.value).startswith(f'{entry} got the keyword polciy=, which is neither '
+                                    f'one of its options nor an argument of my_loss.')
 
 
 @pytest.mark.parametrize('bad', [42, 'loss', None])

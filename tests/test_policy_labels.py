@@ -83,3 +83,15 @@ def test_a_users_lambda_is_labelled_by_its_line():
   def my_policy(prim, *_, **__):
     return False
   assert describe_policy(my_policy) == 'my_policy'
+
+
+def test_the_source_of_every_answer_defines_policy():
+  """Code pasted from "as written" or "no remat" runs and binds ``policy``."""
+  from remat_explorer.analysis import NO_REMAT, policy_source
+  import jax
+  for choice, expected in ((None, None), (NO_REMAT, jax.checkpoint_policies.everything_saveable),
+                           (jax.checkpoint_policies.dots_saveable,
+                            jax.checkpoint_policies.dots_saveable)):
+    scope = {}
+    exec(policy_source(choice), scope)
+    assert scope['policy'] is expected, policy_source(choice)

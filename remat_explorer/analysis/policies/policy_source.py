@@ -18,8 +18,17 @@ from remat_explorer.analysis.policies.chosen_policy import SaveChosen
 from remat_explorer.analysis.policies.policy_info import NO_REMAT, describe_policy
 from remat_explorer.analysis.policies.policy_text import parse_policy
 
-AS_WRITTEN_SOURCE = '# The program as written: keep its own checkpoints and policies.\n'
-NO_REMAT_SOURCE = '# No remat: call the checkpointed functions without jax.checkpoint.\n'
+AS_WRITTEN_SOURCE = (
+    '# The program as written: keep each checkpoint\'s own policy. None is\n'
+    '# jax.checkpoint\'s default (save only what is not computed inside it):\n'
+    '# pass it only to a checkpoint that had no policy.\n'
+    'policy = None\n')
+NO_REMAT_SOURCE = (
+    'import jax\n\n'
+    '# No remat: best, call the checkpointed functions without jax.checkpoint.\n'
+    '# Keeping the checkpoint, the closest policy saves every value and\n'
+    '# recomputes nothing:\n'
+    'policy = jax.checkpoint_policies.everything_saveable\n')
 
 
 def policy_source(choice) -> str:

@@ -82,9 +82,9 @@ def _unknown(entry: str, name: str, fn, options, names) -> str:
   own = {option: f'an option of {entry}' for option in options}
   own.update({n: f'an argument of {function_name(fn)}' for n in names})
   takers: dict[str, list[str]] = {}
-  for other, fn in _ENTRY_POINTS.items():
+  for other, other_entry in _ENTRY_POINTS.items():
     if other != entry:
-      for option in _options(fn):
+      for option in _options(other_entry):
         takers.setdefault(option, []).append(other)
   others = {option: f'an option of {_listed(names)}, not of {entry}'
             for option, names in takers.items()}

@@ -144,6 +144,7 @@ class Problem:
         found = closed, self.num_outputs, self._output
         _programs.put(key, found)
       self._traced, self.num_outputs, self._output = found
+      self._refuse_unmarked_aux()
     return self._traced
 
   def program_with_blocks(self, policy, lowering):
@@ -183,18 +184,18 @@ class Problem:
       return self.flat_function()
     return core.jaxpr_as_fun(program)
 
-  def output_pair_warning(self) -> str | None:
-    """A warning when the function returns what looks like (loss, aux)
-    without has_aux: the aux would be differentiated too."""
-    self.traced()
+  def _refuse_unmarked_aux(self) -> None:
+    """Refuse (loss, aux) returned without has_aux, before anything
+    compiles: both would be differentiated, a ones cotangent each, and
+    every figure would be that of another program than the user trains."""
     out = self._output
     if (not self.has_aux and isinstance(out, (tuple, list)) and len(out) == 2
         and getattr(out[0], 'shape', None) == ()):
-      return (f'{self.name} returns a pair whose first element is a scalar; '
-              'both are differentiated (a ones cotangent each). If the second '
-              'is auxiliary output, pass has_aux=True, as with '
-              'jax.value_and_grad.')
-    return None
+      raise TypeError(
+          f'{self.name} returns a pair whose first element is a scalar, (loss, aux) '
+          'as jax.value_and_grad(..., has_aux=True) takes it: pass has_aux=True, '
+          'or return the loss alone (or a tuple of other length) to differentiate '
+          'every output.')
 
   # -- bookkeeping -------------------------------------------------------------------
 

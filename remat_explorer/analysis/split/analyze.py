@@ -142,8 +142,6 @@ def _analyze(problem, policy, lowering) -> RematReport:
                   for b in block_reports if b.differentiated)
   names = _names_in(program.jaxpr)
   warnings = policy_warnings([b.policy for b in blocks], names)
-  if (pair := problem.output_pair_warning()) is not None:
-    warnings.append(pair)
   return RematReport(
       function=problem.name,
       policy=policy_label(policy, blocks),
