@@ -136,3 +136,24 @@ def test_a_model_installed_as_a_package_keeps_its_own_lines(tmp_path):
   finally:
     shutil.rmtree(package, ignore_errors=True)
     sys.modules.pop(name, None)
+
+
+def test_residuals_made_in_a_scanned_block_name_the_blocks_line():
+  """A value saved from inside ``nn.scan(nn.remat(Block))`` (and a scan of our
+  own checkpoint) is named by the line of the block that made it, not by
+  the line that runs the scan."""
+  from remat_explorer import checkpoint_policies, examples
+  from tests import framework_models
+  source = Path(framework_models.__file__).read_text().splitlines()
+  line_of = lambda text: 1 + next(i for i, l in enumerate(source) if text in l)
+  loss, args = framework_models.linen_transformer(remat=True)
+  named = {r.name: r.source for r in analyze(loss, *args).residuals if r.name}
+  assert named['qkv'].endswith(f'framework_models.py:{line_of("qkv = checkpoint_name")} '
+                               '(LinenBlock.__call__)'), named
+  assert named['mlp_hidden'].endswith(
+      f'framework_models.py:{line_of("checkpoint_name(jax.nn.gelu")} (LinenBlock.__call__)')
+  loss, args = examples.transformer(num_layers=2, use_scan=True, seed=4)
+  policy = checkpoint_policies.save_only_these_names('attention_output', 'mlp_hidden')
+  named = {r.name: r.source for r in analyze(loss, *args, policy=policy).residuals if r.name}
+  assert '(_attention)' in named['attention_output'], named
+  assert '(_transformer_block)' in named['mlp_hidden'], named

@@ -27,7 +27,8 @@ from jax.extend import core
 import numpy as np
 
 from remat_explorer.analysis.cache import ResultCache
-from remat_explorer.analysis.source.origins import display_name, user_frames
+from remat_explorer.analysis.source.origins import (display_name, register_trace_root,
+                                                     user_frames)
 from remat_explorer.analysis.program.blocks import NO_REMAT, check_block_names, find_blocks
 from remat_explorer.analysis.program.devices import check_one_device_set
 from remat_explorer.engine import checkpoint, debug_info_of, enclosing_strategy
@@ -127,6 +128,7 @@ class Problem:
       self._output = out
       return [*loss_leaves, *aux_leaves]
     flat.__name__ = self.name
+    register_trace_root(flat)
     return flat
 
   def traced(self) -> core.ClosedJaxpr:

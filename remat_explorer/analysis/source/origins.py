@@ -180,6 +180,16 @@ def user_frames_within(eqn, enclosing: Sequence = ()) -> tuple[Frame, ...]:
   return tuple(f for f in frames if not is_library_file(f[0]))
 
 
+_TRACE_ROOTS: set[tuple[str, str]] = set()
+
+
+def register_trace_root(fn) -> None:
+  """Note `fn` as a function the analysis traces a user's program through:
+  a stack that starts with it is a trace of the whole program."""
+  code = fn.__code__
+  _TRACE_ROOTS.add((code.co_filename, getattr(code, 'co_qualname', code.co_name)))
+
+
 # How many frames after the user's call line must agree for a body's trace
 # to be taken as entered through that call (an API's wrapper and entry).
 _CALL_ENTRY_FRAMES = 2
@@ -193,11 +203,23 @@ def frames_in_call(call: Sequence[Frame], inner: Sequence[Frame]) -> tuple[Frame
   `inner` was traced through the same user functions as `call` (lines may
   differ where a cached trace came from another call) and entered the call
   through the same library frames; otherwise it says nothing of this call
-  and `call`'s frames stand."""
+  and `call`'s frames stand. An `inner` traced on its own, its stack
+  starting elsewhere than at a trace of the whole program
+  (``register_trace_root``), holds only frames inside the call."""
   call_users = [i for i, f in enumerate(call) if not is_library_file(f[0])]
   if not call_users:
     return tuple(inner)
   inner_users = [i for i, f in enumerate(inner) if not is_library_file(f[0])]
+  if inner_users and inner[0][0::2] not in _TRACE_ROOTS and not (
+      {f[0::2] for f in call} & {inner[i][0::2] for i in inner_users}):
+    # A stack that does not start at a trace of the whole program, sharing
+    # no user function with the call: the body was traced again on its own
+    # (a remat rule retracing its body, Flax's lifted remat under nn.scan),
+    # its stack starting at the body, so its user frames all lie inside the
+    # call. A body cached from another call of the program (a jitted relu
+    # traced at the stem) starts at the program's trace, and says nothing
+    # of this call.
+    return (*call[:call_users[-1] + 1], *inner)
   if len(inner_users) < len(call_users):
     return tuple(call)
   if any(call[i][0::2] != inner[j][0::2] for i, j in zip(call_users, inner_users)):
