@@ -159,7 +159,10 @@ def bench_target(target: str, layers: int, hand: bool, search: bool) -> dict:
   for r in table.rows:
     share = None if r.peak_bytes is None else r.peak_bytes / memory
     rows.append({'label': r.label, 'peak_bytes': r.peak_bytes, 'share': share,
-                 'flops': r.compiled_flops, 'compile_seconds': r.compile_seconds})
+                 'flops': r.compiled_flops, 'compile_seconds': r.compile_seconds,
+                 'error': r.costs.error if r.failed else None})
+    if r.failed:
+      print(f'   {r.label[:44]:44s} XLA refused it: {(r.costs.error or "")[:160]}')
     print(f'   {r.label[:44]:44s} peak {format_bytes(r.peak_bytes):>10s} '
           f'{"—" if share is None else f"{share:6.1%}"} of device '
           f'{"fits" if share is not None and share <= 1 else "DOES NOT FIT":12s} '
@@ -209,9 +212,13 @@ def hand_compiles(target: str, layers: int, names) -> dict:
   for label, options in programs.items():
     hand_loss, hand_args = lm_step(mesh, layers, **options)
     start = time.perf_counter()
-    compiled = jax.jit(jax.value_and_grad(hand_loss)).lower(*hand_args).compile()
+    try:
+      compiled = jax.jit(jax.value_and_grad(hand_loss)).lower(*hand_args).compile()
+      peaks[label] = compiled.memory_analysis().peak_memory_in_bytes
+    except jax.errors.JaxRuntimeError as e:  # XLA refused it: out of memory, say
+      peaks[label] = None
+      print(f'   by hand {label[:40]:40s} refused: {str(e).splitlines()[0][:120]}')
     seconds += time.perf_counter() - start
-    peaks[label] = compiled.memory_analysis().peak_memory_in_bytes
     print(f'   by hand {label[:40]:40s} peak {format_bytes(peaks[label]):>10s}', flush=True)
   return {'seconds': seconds, 'rss_mib': peak_rss_mib(), 'peaks': peaks}
 
