@@ -299,3 +299,21 @@ def test_the_explorer_shows_the_target_and_its_memory():
   costs = rx.compile_costs(_loss(rx.checkpoint_policies.dots_saveable), w, x)
   share = re.escape(rx.viz.memory_share_text(costs.peak_bytes, costs.device_memory_bytes))
   assert re.search(share, explorer.costs_view.value)
+
+
+def test_a_step_that_does_not_fit_the_target_is_refused_not_fatal():
+  """XLA:TPU refuses a step that does not fit the chip: its row fails with
+  XLA's reason, the analysis goes on, and the search answers a policy that
+  fits."""
+  mesh = rx.target_mesh('v5e:2x2')
+  w, x = _stack(mesh, layers=32, batch=64, seq=3072, width=1024, seed=2)
+  loss = _loss(rx.checkpoint_policies.nothing_saveable)
+  table = rx.compare(loss, w, x, policies=['nothing_saveable', 'everything_saveable'],
+                     include_no_remat=False, suggest_lowering=False)
+  refused = table.row('everything_saveable')
+  assert refused.failed and 'Ran out of memory' in refused.costs.error
+  assert not table.row('nothing_saveable').failed
+  assert table.row('nothing_saveable').costs.fits
+  found = rx.search_policy(loss, w, x, memory_budget='90%')
+  assert found.fits and found.peak_bytes <= 0.9 * 16 * GIB
+  assert ('everything_saveable', False) in [(c.label, c.fits) for c in found.candidates]

@@ -134,14 +134,21 @@ def _analyze(problem, policy, lowering) -> RematReport:
 
   block_reports = _block_reports(blocks, records, num_forward_splits, paths)
   placement = devices.find_placement(problem.leaves, program)
+  unsharded = None
   if placement is not None:
-    residuals, block_reports, placement = _per_device(
-        forward_jaxpr, num_outs, problem, residual_jaxpr, origins, residuals,
-        block_reports, placement)
+    try:
+      residuals, block_reports, placement = _per_device(
+          forward_jaxpr, num_outs, problem, residual_jaxpr, origins, residuals,
+          block_reports, placement)
+    except sharding.ShardingsUnknown as e:  # the step itself will fail alike
+      unsharded = ('each residual\'s sharding is unknown: XLA refused to compile the '
+                   f'forward pass that would tell it ({e})')
   recompute = sum(b.recompute_flops * (b.trip_count or 1)
                   for b in block_reports if b.differentiated)
   names = _names_in(program.jaxpr)
   warnings = policy_warnings([b.policy for b in blocks], names)
+  if unsharded:
+    warnings.append(unsharded)
   return RematReport(
       function=problem.name,
       policy=policy_label(policy, blocks),

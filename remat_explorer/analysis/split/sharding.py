@@ -44,11 +44,21 @@ is already the per-device one."""
 
 # -- residual shardings, from the partitioner ---------------------------------------
 
+class ShardingsUnknown(Exception):
+  """XLA refused the forward pass whose output shardings were asked for
+  (it does not fit the target's memory, say): its message, one line."""
+
+
 def compiled_output_shardings(closed: core.ClosedJaxpr, leaves: Sequence):
   """``compiled.output_shardings`` of `closed` jitted at `leaves` (arrays,
-  placed as they are, or ``ShapeDtypeStruct``s with their shardings)."""
+  placed as they are, or ``ShapeDtypeStruct``s with their shardings).
+  Raises ``ShardingsUnknown`` where XLA refuses to compile it."""
   note_compile()
-  compiled = jax.jit(core.jaxpr_as_fun(closed)).lower(*leaves).compile()
+  lowered = jax.jit(core.jaxpr_as_fun(closed)).lower(*leaves)
+  try:
+    compiled = lowered.compile()
+  except jax.errors.JaxRuntimeError as e:
+    raise ShardingsUnknown(str(e).strip().splitlines()[0]) from None
   return list(compiled.output_shardings)
 
 

@@ -1,0 +1,100 @@
+"""Memory and time of ``compare`` against the same compiles done by hand.
+
+For an unrolled model and a scanned one (the example transformer both ways,
+and, with ``--linen``, a Flax Linen ``nn.scan(nn.remat(Block))`` LM), it
+runs in one process ``compare`` of every built-in policy, the program as
+written and no remat, and in a process of its own the same training steps
+compiled by hand one at a time (``jax.jit(jax.value_and_grad(f))`` with
+``jax.checkpoint``'s own policies). It prints each process's peak RSS and
+time, and their ratios (targets: RSS at most 1.5x, time at most 1x).
+
+    .venv/bin/python bench/memory.py [--layers 12] [--width 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import remat_explorer as rx  # noqa: E402
+from remat_explorer import examples  # noqa: E402
+from remat_explorer.analysis import builtin_policies  # noqa: E402
+
+MODELS = ('unrolled', 'scanned')
+
+
+def _problem(model: str, layers: int, width: int, policy=None, remat=True):
+  return examples.transformer(num_layers=layers, d_model=width, seq_len=256, batch=16,
+                              use_scan=model == 'scanned', policy=policy, remat=remat)
+
+
+def peak_rss_mib() -> float:
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def by_hand(model: str, layers: int, width: int) -> dict:
+  """Every row of the comparison compiled by hand, one at a time."""
+  loss_fn, args = _problem(model, layers, width)
+  names = rx.analyze(loss_fn, *args).names_in_program
+  programs = {'as written': {}, 'no remat': {'remat': False},
+              **{label: {'policy': p} for label, p in builtin_policies(names).items()}}
+  start = time.perf_counter()
+  for options in programs.values():
+    loss_fn, args = _problem(model, layers, width, **options)
+    jax.jit(jax.value_and_grad(loss_fn)).lower(*args).compile().memory_analysis()
+  return {'seconds': time.perf_counter() - start, 'rss_mib': peak_rss_mib(),
+          'compiles': len(programs)}
+
+
+def with_compare(model: str, layers: int, width: int) -> dict:
+  loss_fn, args = _problem(model, layers, width)
+  start = time.perf_counter()
+  table = rx.compare(loss_fn, *args)
+  return {'seconds': time.perf_counter() - start, 'rss_mib': peak_rss_mib(),
+          'rows': len(table.rows)}
+
+
+def _in_a_process(mode: str, model: str, layers: int, width: int) -> dict:
+  with tempfile.NamedTemporaryFile(suffix='.json') as f:
+    subprocess.run([sys.executable, __file__, '--run', mode, '--model', model,
+                    '--layers', str(layers), '--width', str(width), '--json', f.name],
+                   check=True)
+    return json.loads(Path(f.name).read_text())
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--layers', type=int, default=12)
+  parser.add_argument('--width', type=int, default=256)
+  parser.add_argument('--models', nargs='+', default=list(MODELS))
+  parser.add_argument('--run', choices=('hand', 'compare'), help=argparse.SUPPRESS)
+  parser.add_argument('--model', help=argparse.SUPPRESS)
+  parser.add_argument('--json', help=argparse.SUPPRESS)
+  a = parser.parse_args()
+  if a.run:  # one side, in a process of its own
+    run = by_hand if a.run == 'hand' else with_compare
+    Path(a.json).write_text(json.dumps(run(a.model, a.layers, a.width)))
+    return
+  print(f'example transformer, {a.layers} layers of width {a.width}; each side in a '
+        'process of its own (peak RSS is the process\'s)')
+  for model in a.models:
+    hand = _in_a_process('hand', model, a.layers, a.width)
+    ours = _in_a_process('compare', model, a.layers, a.width)
+    print(f'{model:9s} by hand: {hand["compiles"]} compiles in {hand["seconds"]:6.1f} s, '
+          f'{hand["rss_mib"]:6.0f} MiB | compare: {ours["rows"]} rows in '
+          f'{ours["seconds"]:6.1f} s, {ours["rss_mib"]:6.0f} MiB | ratios: time '
+          f'{ours["seconds"] / hand["seconds"]:.2f}x, RSS {ours["rss_mib"] / hand["rss_mib"]:.2f}x',
+          flush=True)
+
+
+if __name__ == '__main__':
+  main()
