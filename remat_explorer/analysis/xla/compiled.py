@@ -347,6 +347,8 @@ class _StepCompile:
         compiled_matmuls=module.matmul_count() if module else None,
         timeline=timeline, notes=tuple(notes), num_devices=devices.num_devices,
         mesh_shape=devices.mesh_shape, collectives=collectives)
+    if engine.is_compile_only(self.device):  # nothing to run: keep no executable
+      return costs, lambda: None
     if not analysis:
       return costs, lambda: compiled
 

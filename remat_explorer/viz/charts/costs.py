@@ -142,6 +142,9 @@ def plot_per_device_memory(costs: Comparison | Mapping[str, CompiledCosts]) -> F
     ax.annotate(format_bytes(total * scale), (total, i), xytext=(3, 0),
                 textcoords='offset points', va='center', fontsize=SMALL_FONT)
   ax.set_xlim(0, max(left, default=1) * 1.15 or 1)  # room for the totals
+  memories = {c.device_memory_bytes for c in shown.values()}
+  if len(memories) == 1:
+    _device_memory_line(ax, memories.pop(), scale, max(left, default=0), 'x')
   # Devices and mesh go on each bar where they differ, else in the title.
   placements = {(c.num_devices, c.mesh_shape) for c in shown.values()}
   labels = [per_device_label(k, c) if len(placements) > 1 else k for k, c in shown.items()]
