@@ -135,6 +135,12 @@ def lm_step(mesh, layers: int, policy=None, remat: bool = True):
 
 
 def peak_rss_mib() -> float:
+  """This process's peak resident memory (``VmHWM``). Not ``ru_maxrss``:
+  Linux carries that over ``execve`` from the parent, so a child started by
+  a large process would report the parent's peak."""
+  for line in Path('/proc/self/status').read_text().splitlines():
+    if line.startswith('VmHWM:'):
+      return int(line.split()[1]) / 1024
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 

@@ -317,3 +317,16 @@ def test_a_step_that_does_not_fit_the_target_is_refused_not_fatal():
   found = rx.search_policy(loss, w, x, memory_budget='90%')
   assert found.fits and found.peak_bytes <= 0.9 * 16 * GIB
   assert ('everything_saveable', False) in [(c.label, c.fits) for c in found.candidates]
+
+
+def test_two_targets_of_one_shape_are_not_confused():
+  """The same program on two GPUs with meshes of one shape: each result is
+  its own target's (a cache keyed on the shardings' text alone would give
+  the first for both)."""
+  results, loss = {}, _loss(rx.checkpoint_policies.nothing_saveable)
+  for target in ('h100:2', 'a100:2'):
+    w, x = _stack(rx.target_mesh(target), layers=2, seq=64, width=256, seed=5)
+    results[target] = rx.compile_costs(loss, w, x)
+  assert results['h100:2'].device_kind == 'NVIDIA H100 80GB HBM3'
+  assert results['a100:2'].device_kind == 'NVIDIA A100-SXM4-80GB'
+  assert results['a100:2'].device_memory_bytes == 85100068864

@@ -375,7 +375,17 @@ def _is_float(x) -> bool:
 
 
 def _leaf_key(x):
-  return (tuple(np.shape(x)), str(_dtype(x)), str(getattr(x, 'sharding', '')))
+  sharding = getattr(x, 'sharding', None)
+  return (tuple(np.shape(x)), str(_dtype(x)), str(sharding or ''), _devices_key(sharding))
+
+
+def _devices_key(sharding):
+  """What a sharding's text leaves out: which devices, of which kind (two
+  targets' meshes of one shape print alike)."""
+  if not isinstance(sharding, jax.sharding.Sharding):
+    return None
+  device = min(sharding.device_set, key=lambda d: d.id)
+  return (len(sharding.device_set), device.platform, device.device_kind, id(device.client))
 
 
 def _held_key(x):
