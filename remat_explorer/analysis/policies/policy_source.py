@@ -24,10 +24,10 @@ AS_WRITTEN_SOURCE = (
     '# pass it only to a checkpoint that had no policy.\n'
     'policy = None\n')
 NO_REMAT_SOURCE = (
-    'import jax\n\n'
     '# No remat: best, call the checkpointed functions without jax.checkpoint.\n'
     '# Keeping the checkpoint, the closest policy saves every value and\n'
     '# recomputes nothing:\n'
+    'import jax\n\n'
     'policy = jax.checkpoint_policies.everything_saveable\n')
 
 
