@@ -138,6 +138,12 @@ def test_every_figure_is_xlas_for_the_target(target):
       memory.peak_memory_in_bytes / costs.device_memory_bytes)
   assert costs.fits
   assert not any('unknown trip count' in n for n in costs.notes), costs.notes
+  # Collectives per device, by pass: the weights' gradient summed over 'data'.
+  reductions = hand.as_text().count('all-reduce-start(') + len(
+      [l for l in hand.as_text().splitlines() if ' all-reduce(' in l])
+  assert reductions >= 1
+  assert costs.collective_count >= 1
+  assert any(c.phase == 'backward' for c in costs.collectives), costs.collectives
 
 
 @pytest.mark.parametrize('target', ('v5e:2x2', 'h100:8'))
