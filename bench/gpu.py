@@ -6,6 +6,9 @@ live device, and the compile-only target is OpenXLA's H100 SXM):
 
     .venv/bin/python bench/gpu.py [--quick] [--json bench/results/gpu-<device>.json]
 
+Without a GPU the sizes are ``--quick``'s: its full sizes (and 20 timed
+runs of each step) are a GPU's minutes and a CPU's hours.
+
 On the example transformer, under ``scan`` and unrolled, for "as written"
 and every built-in policy:
 
@@ -218,7 +221,9 @@ def main():
   parser.add_argument('--json', default=None)
   a = parser.parse_args()
   live, mesh, config = _live_and_target(a.quick)
-  results = {'jax': jax.__version__, 'live_device': live.device_kind,
+  a.quick = a.quick or live.platform == 'cpu'
+  results_quick = a.quick
+  results = {'jax': jax.__version__, 'quick': results_quick, 'live_device': live.device_kind,
              'live_platform': live.platform, 'target': mesh.devices.flat[0].device_kind}
   print(f'live: {live.device_kind} ({live.platform}); compile-only target: '
         f'{mesh.devices.flat[0].device_kind}; JAX {jax.__version__}')
