@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,7 @@ import jax
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import remat_explorer as rx  # noqa: E402
+from bench.process_memory import peak_rss_mib  # noqa: E402
 from remat_explorer import examples  # noqa: E402
 from remat_explorer.analysis import builtin_policies  # noqa: E402
 
@@ -35,16 +35,6 @@ MODELS = ('unrolled', 'scanned')
 def _problem(model: str, layers: int, width: int, policy=None, remat=True):
   return examples.transformer(num_layers=layers, d_model=width, seq_len=256, batch=16,
                               use_scan=model == 'scanned', policy=policy, remat=remat)
-
-
-def peak_rss_mib() -> float:
-  """This process's peak resident memory (``VmHWM``). Not ``ru_maxrss``:
-  Linux carries that over ``execve`` from the parent, so a child started by
-  a large process would report the parent's peak."""
-  for line in Path('/proc/self/status').read_text().splitlines():
-    if line.startswith('VmHWM:'):
-      return int(line.split()[1]) / 1024
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def by_hand(model: str, layers: int, width: int) -> dict:

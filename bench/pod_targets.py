@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import sys
 import time
 from pathlib import Path
@@ -44,6 +43,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import remat_explorer as rx  # noqa: E402
+from bench.process_memory import peak_rss_mib  # noqa: E402
 from remat_explorer.analysis import builtin_policies  # noqa: E402
 from remat_explorer.analysis.units import format_bytes, format_flops  # noqa: E402
 
@@ -132,16 +132,6 @@ def lm_step(mesh, layers: int, policy=None, remat: bool = True):
     return optax.softmax_cross_entropy_with_integer_labels(
         logits[:, :-1], tokens[:, 1:]).mean()
   return loss_fn, (params, tokens)
-
-
-def peak_rss_mib() -> float:
-  """This process's peak resident memory (``VmHWM``). Not ``ru_maxrss``:
-  Linux carries that over ``execve`` from the parent, so a child started by
-  a large process would report the parent's peak."""
-  for line in Path('/proc/self/status').read_text().splitlines():
-    if line.startswith('VmHWM:'):
-      return int(line.split()[1]) / 1024
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def bench_target(target: str, layers: int, hand: bool, search: bool) -> dict:
