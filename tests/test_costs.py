@@ -550,21 +550,28 @@ def test_compare_counts_rows_done_while_it_still_analyzes(monkeypatch):
   """Rows whose compile has landed are read and counted between the
   analyses of the later policies, not after all of them: a long analysis
   of the last policy does not hold back the progress of the first rows.
-  The second to last analysis waits until the compiles started before it
-  (a small program's) have had time to land."""
-  import time
+  The second to last analysis waits until the first compile started before
+  it has landed (polling its future, not sleeping on a guess)."""
+  import concurrent.futures
   from remat_explorer.analysis.tradeoffs import compare as compare_module
   loss_fn, args = examples.mlp(num_layers=2, width=16, batch=4)
-  log, own = [], compare_module.analyze
+  log, own, started = [], compare_module.analyze, []
+  own_start = compare_module.start_compile_costs
   policies = ['nothing_saveable', 'dots_saveable', 'everything_saveable']
+
+  def start_compile_costs(*a, **kw):
+    started.append(own_start(*a, **kw))
+    return started[-1]
 
   def analyze(fn, *a, policy=None, **kw):
     label = describe_policy(policy) if policy not in (None, NO_REMAT) else str(policy)
     if label == 'dots_saveable':
-      time.sleep(3)
+      done, _ = concurrent.futures.wait([started[0].compiled], timeout=300)
+      assert done, 'the first compile did not land'
     log.append(('analyze', label))
     return own(fn, *a, policy=policy, **kw)
   monkeypatch.setattr(compare_module, 'analyze', analyze)
+  monkeypatch.setattr(compare_module, 'start_compile_costs', start_compile_costs)
   compare(loss_fn, *args, policies=policies, suggest_lowering=False,
           progress=lambda i, n, label: log.append(('done', label)))
   last_analysis = max(i for i, (kind, _) in enumerate(log) if kind == 'analyze')

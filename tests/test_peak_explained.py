@@ -82,7 +82,7 @@ def test_a_loops_temporaries_are_broken_into_what_its_body_holds(explained):
 def test_two_residuals_of_one_size_are_told_apart_by_their_lines():
   """Two residuals of the same shape from two lines: each buffer is linked
   to the residual of its own line (sizes cannot tell them apart)."""
-  rng = np.random.default_rng(int(np.random.default_rng().integers(1 << 16)))
+  rng = np.random.default_rng(2718)
   w1, w2 = (jnp.asarray(rng.standard_normal((64, 64)) / 8, jnp.float32) for _ in range(2))
   x = jnp.asarray(rng.standard_normal((32, 64)), jnp.float32)
 

@@ -28,7 +28,7 @@ def _step(num_layers=3, width=32, seed=0):
 
 @pytest.fixture(scope='module')
 def compiled():
-  return _step(seed=int(np.random.default_rng().integers(1 << 16)))
+  return _step(seed=3141)
 
 
 def test_allocations_add_up_to_xla_memory_analysis(compiled):
