@@ -7,7 +7,7 @@ PYTHON     := $(VENV)/bin/python
 INSTALLED  := $(VENV)/.installed
 PYTEST_ARGS ?= -n 2 --dist loadgroup
 
-.PHONY: test test-jax-oldest lab bench report notebooks dot chromium clean
+.PHONY: test test-jax-oldest lab bench report notebooks docs dot chromium clean
 
 $(PYTHON):
 	python3 -m venv $(VENV)
@@ -43,6 +43,14 @@ chromium:
 test: $(INSTALLED) dot chromium
 	$(PYTHON) -m pytest $(PYTEST_ARGS)
 	$(MAKE) test-jax-oldest
+	$(MAKE) docs
+
+# The documentation site (mkdocs-material; the API reference from the
+# docstrings, the tutorials with their committed outputs), failing on any
+# warning.
+DOCS_OUT ?= docs/_build
+docs: $(INSTALLED)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir $(DOCS_OUT)
 
 # The engine and analysis tests again on the oldest JAX the package takes
 # (JAX is a range): parity with that JAX's own checkpoint, in the same

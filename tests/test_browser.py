@@ -16,7 +16,7 @@ the page, never a fixed time. Without Chromium these tests fail and say how
 to install it.
 
 The screenshot of the Explorer goes to a temporary file;
-``REMAT_UPDATE_SCREENSHOT=1`` also writes it to ``docs/explorer.png``.
+``REMAT_UPDATE_SCREENSHOT=1`` also writes it to ``docs/pages/explorer.png``.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from remat_explorer.viz.html.snapshot import SNAPSHOT_NOTE
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = '/usr/bin/chromium'
-DOCS_SCREENSHOT = ROOT / 'docs' / 'explorer.png'
+DOCS_SCREENSHOT = ROOT / 'docs' / 'pages' / 'explorer.png'
 BROKEN_WIDGET = ('Error displaying widget', 'Failed to load model')
 MIN_TEXT_PX = 11
 # No notification toasts over the page: no news, no update checks, none shown.

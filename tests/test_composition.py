@@ -117,7 +117,7 @@ def test_debug_callback_inside_runs_as_often_as_under_jax(ordered):
 
 # -- a block whose outputs are unused, with a debug callback inside -----------
 #
-# A deliberate difference (README, "Deliberate differences"): ours keeps such
+# A deliberate difference (docs/pages/matches_jax_checkpoint.md): ours keeps such
 # a block, so its callback runs as it would without remat, whether or not the
 # callback reads the block's inputs. JAX 0.10.2's DCE rule drops the block
 # when the callback reads none of them.

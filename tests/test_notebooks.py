@@ -1,7 +1,7 @@
 """Every tutorial notebook runs top to bottom without an error.
 
 How long each takes is measured, not asserted: ``python tests/run_notebooks.py
-notebooks/*.ipynb`` prints each notebook's seconds (the README promises
+notebooks/*.ipynb`` prints each notebook's seconds (docs/pages/notebooks.md promises
 under a minute each on a CPU). The timeout here only stops a hung cell."""
 
 from pathlib import Path

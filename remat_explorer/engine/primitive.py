@@ -479,7 +479,7 @@ def _dce(used_outputs, eqn):
   and runs, whether or not the effect reads the block's inputs: the same
   rule as for a call (``jit``) or for code outside any remat. JAX 0.10.2's
   rule differs here: it drops the block when the effect reads none of the
-  block's inputs (see "Deliberate differences" in the README).
+  block's inputs (see "Deliberate differences" in docs/pages/matches_jax_checkpoint.md).
   """
   if not any(used_outputs) and not pe.has_effects(eqn):
     return [False] * len(eqn.invars), None

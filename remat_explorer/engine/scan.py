@@ -57,7 +57,11 @@ def checkpointed_scan(f: Callable, init, xs=None, length: int | None = None, *,
   ``lax.scan``; what changes is what the forward pass keeps for them.
 
   Args:
-    f, init, xs, length, reverse: as for ``jax.lax.scan``.
+    f: as for ``jax.lax.scan``.
+    init: as for ``jax.lax.scan``.
+    xs: as for ``jax.lax.scan``.
+    length: as for ``jax.lax.scan``.
+    reverse: as for ``jax.lax.scan``.
     schedule: which carries the forward pass keeps for the backward pass.
       ``'every'`` (``lax.scan(checkpoint(f))``), ``'sqrt'`` (ceil(sqrt(n))
       checkpointed segments), ``'segments'`` with `segments`, or

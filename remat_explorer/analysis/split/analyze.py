@@ -60,7 +60,7 @@ def analyze(f, *args, policy: PolicyChoice = None, lowering: str | None = None,
       analysed as written: a function without a remat block gives the
       figures without remat, unless `policy` or `whole_function` asks for
       it to be checkpointed as a whole (the report's ``notes`` say so).
-    args, kwargs: example arguments; only the shapes and dtypes of arrays
+    *args: example arguments (and ``**kwargs``); only the shapes and dtypes of arrays
       matter, nothing is run. Leaves that are not arrays (Python numbers,
       flags, functions in an Equinox module) are held as they are, as
       ``eqx.filter_jit`` holds them.
