@@ -47,7 +47,7 @@ def programs(target: str):
     for unroll in (1, True):
       for name in ('nothing_saveable', 'everything_saveable'):
         policy = getattr(rx.checkpoint_policies, name)
-        yield (f'stack {size} {"rolled" if unroll == 1 else "unrolled"}', name,
+        yield (f'stack {size} {"unrolled" if unroll is True else "rolled"}', name,
                _stack_loss(policy, unroll), (w, x))
   mesh = rx.target_mesh(target, {'data': mesh.size // 2, 'model': 2})
   for use_scan in (True, False):
