@@ -216,3 +216,14 @@ def test_the_layer_check_sees_an_upward_import():
       'analysis', {cells: cells.read_text() + upward}))
   assert any('shared by every layer' in v for v in layer_violations(
       'analysis', {units: units.read_text() + upward}))
+
+
+def test_the_rendering_reads_the_analysis_only_through_its_public_surface():
+  """viz imports ``remat_explorer.analysis`` itself, never one of its modules:
+  what the views read of the analysis is what it exports."""
+  reaching = []
+  for path in sorted((PACKAGE / 'viz').rglob('*.py')):
+    for imported in _project_imports(path):
+      if imported.startswith('remat_explorer.analysis.'):
+        reaching.append(f'{path.relative_to(PACKAGE)} imports {imported}')
+  assert reaching == []

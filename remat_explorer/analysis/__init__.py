@@ -66,6 +66,16 @@ from remat_explorer.analysis.targets import (device_memory_bytes, gpu_target_con
                                              gpu_target_names, register_gpu_target,
                                              target_mesh)
 from remat_explorer.analysis.xla.timeline import Buffer, MemoryTimeline
+# What the rendering layer reads besides the entry points: the words and
+# pieces its views share with the analysis.
+from remat_explorer.analysis.context import TraceSettings
+from remat_explorer.analysis.program.devices import mesh_text
+from remat_explorer.analysis.program.keywords import check_keywords
+from remat_explorer.analysis.split.graph import GraphBlock, GraphNode, SplitGraph, split_graph_of
+from remat_explorer.analysis.tradeoffs.compare import (AS_WRITTEN, AS_WRITTEN_NO_REMAT,
+                                                       recompute_eliminated)
+from remat_explorer.analysis.units import (MISSING, byte_unit, flop_unit, format_bytes,
+                                           format_flops, format_seconds, memory_share_text)
 
 __all__ = [
     'analyze', 'RematReport', 'Residual', 'BlockReport', 'RecomputedEquation',
@@ -77,4 +87,9 @@ __all__ = [
     'LOWERINGS', 'DEFAULT_LOWERING', 'residuals_at_peak', 'live_at_peak', 'explain_peak', 'PeakExplanation', 'PeakBuffer', 'PeakResidual', 'Collective', 'clear_caches',
     'error_summary', 'target_mesh', 'register_gpu_target', 'gpu_target_config',
     'gpu_target_names', 'device_memory_bytes',
+    # for the rendering layer
+    'TraceSettings', 'mesh_text', 'check_keywords', 'GraphBlock', 'GraphNode', 'SplitGraph',
+    'split_graph_of', 'AS_WRITTEN', 'AS_WRITTEN_NO_REMAT', 'recompute_eliminated', 'MISSING',
+    'byte_unit', 'flop_unit', 'format_bytes', 'format_flops', 'format_seconds',
+    'memory_share_text',
 ]

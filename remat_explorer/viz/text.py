@@ -11,9 +11,8 @@ from __future__ import annotations
 import html
 import re
 
-from remat_explorer.analysis.units import (MISSING, byte_unit, flop_unit,  # noqa: F401
-                                         format_bytes, format_flops, format_seconds,
-                                         memory_share_text)
+from remat_explorer.analysis import (MISSING, byte_unit, flop_unit, format_bytes,
+                                    format_flops, format_seconds, memory_share_text)  # noqa: F401
 
 _XML_WHITESPACE = ' \t\n\r'
 # Terminal colour and cursor codes (CSI sequences, e.g. ``\x1b[35m``) that

@@ -15,10 +15,8 @@ from typing import Mapping
 import numpy as np
 from matplotlib.figure import Figure
 
-from remat_explorer.analysis.tradeoffs.compare import Comparison, PolicyRow
-from remat_explorer.analysis.xla.costs import CompiledCosts
-from remat_explorer.analysis.split.report import RematReport
-from remat_explorer.analysis.program.devices import mesh_text
+from remat_explorer.analysis import (Comparison, PolicyRow, CompiledCosts, RematReport,
+                                    mesh_text)
 from remat_explorer.viz.charts import _labels
 from remat_explorer.viz.charts._figures import (MAX_WIDTH_INCHES, SMALL_FONT, legend_below,
                                                 legend_outside, literal_text, new_figure,

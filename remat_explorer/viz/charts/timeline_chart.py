@@ -18,8 +18,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.transforms import blended_transform_factory
 
-from remat_explorer.analysis.xla.costs import CompiledCosts
-from remat_explorer.analysis.xla.timeline import MemoryTimeline
+from remat_explorer.analysis import CompiledCosts, MemoryTimeline
 from remat_explorer.viz.charts._figures import (MAX_WIDTH_INCHES, SMALL_FONT, cycle_colors,
                                                 legend_outside, literal_text, new_figure,
                                                 short_label, unit_name)

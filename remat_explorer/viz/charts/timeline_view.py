@@ -20,9 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from remat_explorer.analysis.xla.costs import CompiledCosts
-from remat_explorer.analysis.xla.peak import PeakBuffer, explain_peak, live_at_peak
-from remat_explorer.analysis.split.report import RematReport
+from remat_explorer.analysis import (CompiledCosts, PeakBuffer, explain_peak, live_at_peak,
+                                    RematReport)
 
 MAX_BANDS = 150
 """Bands drawn at most: enough to see the shape, few enough to embed each

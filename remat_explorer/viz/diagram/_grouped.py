@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from remat_explorer.analysis.split.graph import GraphBlock, GraphNode, SplitGraph
+from remat_explorer.analysis import GraphBlock, GraphNode, SplitGraph
 from remat_explorer.viz.diagram._graph import Diagram, Edge, Node, Section
 from remat_explorer.viz.text import format_bytes, format_flops
 

@@ -25,8 +25,7 @@ from typing import Iterable
 
 import graphviz
 
-from remat_explorer.analysis.split.graph import split_graph_of
-from remat_explorer.analysis.split.report import RematReport
+from remat_explorer.analysis import split_graph_of, RematReport
 from remat_explorer.viz.diagram import _summarize
 from remat_explorer.viz.diagram._graph import Diagram, Edge, Node, Section
 from remat_explorer.viz.diagram._grouped import ALL, _name_list, grouped_diagram

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import jax
 
-from remat_explorer.analysis.program.devices import mesh_text
+from remat_explorer.analysis import mesh_text
 from remat_explorer.viz.text import html_text, unique_lines
 
 

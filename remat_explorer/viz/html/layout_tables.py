@@ -4,8 +4,7 @@ level. Pure functions of analysis data to HTML."""
 
 from __future__ import annotations
 
-from remat_explorer.analysis.tradeoffs.compare import Comparison
-from remat_explorer.analysis.split.report import RematReport
+from remat_explorer.analysis import Comparison, RematReport
 from remat_explorer.viz.html.tables import LABEL, TABLE, cells_html
 from remat_explorer.viz.text import MISSING, format_bytes, format_flops, html_text
 

@@ -13,7 +13,7 @@ labels), the residual table, and the error when the analysis failed.
 
 from __future__ import annotations
 
-from remat_explorer.analysis.tradeoffs.compare import recompute_eliminated
+from remat_explorer.analysis import recompute_eliminated
 from remat_explorer.viz.charts.timeline_view import timeline_view
 from remat_explorer.viz.diagram.render import render_diagram
 from remat_explorer.viz.diagram.split_graph import split_graph

@@ -9,9 +9,7 @@ from __future__ import annotations
 import re
 from typing import Iterable
 
-from remat_explorer.analysis.tradeoffs.compare import Comparison
-from remat_explorer.analysis.split.report import RematReport, Residual
-from remat_explorer.analysis.program.devices import mesh_text
+from remat_explorer.analysis import Comparison, RematReport, Residual, mesh_text
 from remat_explorer.viz.charts._figures import short_label
 from remat_explorer.viz.text import (MISSING, format_bytes, format_flops, format_seconds,
                                      html_text, memory_share_text, unique_lines)

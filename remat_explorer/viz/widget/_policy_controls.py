@@ -19,8 +19,8 @@ from collections.abc import Mapping
 import jax
 
 from remat_explorer.analysis import (NO_REMAT, builtin_policies, describe_policy,
-                                     parse_policy, policy_source)
-from remat_explorer.analysis.tradeoffs.compare import AS_WRITTEN, AS_WRITTEN_NO_REMAT
+                                     parse_policy, policy_source, AS_WRITTEN,
+                                     AS_WRITTEN_NO_REMAT)
 from remat_explorer.viz.text import html_text
 
 NAMED = 'save_only_these_names (pick names)'

@@ -17,9 +17,8 @@ from collections.abc import Mapping
 import jax
 
 from remat_explorer.analysis import (DEFAULT_LOWERING, LOWERINGS, NO_REMAT, analyze,
-                                     compare, compile_costs, estimate_costs)
-from remat_explorer.analysis.context import TraceSettings
-from remat_explorer.analysis.program.keywords import check_keywords
+                                     compare, compile_costs, estimate_costs, TraceSettings,
+                                     check_keywords)
 from remat_explorer.viz.widget import _panels
 from remat_explorer.viz.widget._panels import (OUTDATED, STALE, caption_html, error_text,
                                         warnings_html)
