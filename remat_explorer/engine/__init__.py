@@ -24,7 +24,8 @@ from remat_explorer.engine.api import checkpoint, checkpoint_name, remat
 from remat_explorer.engine.introspect import (
     CHECKPOINT_LOWERING_SCOPE, RECOMPUTE_GUARD_SCOPE, ENGINE_SCOPES, is_engine_scope,
     branch_runs, branch_runs_scope, RECOMPUTE_SCOPE, ScanScope, closed_call_p,
-    debug_info_of, hlo_text_flops, in_recompute, recomputes_primal, jax_checkpoint_p,
+    debug_info_of, hlo_text_flops, in_backward_pass, in_recompute, recomputes_primal,
+    jax_checkpoint_p, TRANSPOSE_SCOPE,
     name_of_named_value, parse_scan_scope,
     reduce_precision_p, scan_consts_and_carries, scan_scope)
 from remat_explorer.engine.devices import (
@@ -61,7 +62,7 @@ __all__ = [
     'jax_checkpoint_p', 'closed_call_p', 'reduce_precision_p', 'name_of_named_value',
     'scan_consts_and_carries', 'debug_info_of', 'RECOMPUTE_SCOPE', 'CHECKPOINT_LOWERING_SCOPE', 'RECOMPUTE_GUARD_SCOPE',
     'ENGINE_SCOPES', 'is_engine_scope', 'branch_runs', 'branch_runs_scope',
-    'in_recompute', 'recomputes_primal', 'hlo_text_flops', 'ScanScope', 'scan_scope',
+    'in_recompute', 'in_backward_pass', 'TRANSPOSE_SCOPE', 'recomputes_primal', 'hlo_text_flops', 'ScanScope', 'scan_scope',
     'parse_scan_scope',
     # devices
     'compile_only_tpu_devices', 'compile_only_cuda_devices', 'cuda_plugin_installed',

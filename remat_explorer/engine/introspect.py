@@ -82,6 +82,18 @@ def is_engine_scope(part: str) -> bool:
   return part in ENGINE_SCOPES or branch_runs(part) is not None
 
 
+TRANSPOSE_SCOPE = 'transpose('
+"""The start of JAX's name-stack wrapper around what reverse-mode
+differentiation runs (``jit(f)/transpose(jvp(Model))/...``): an equation or
+an XLA instruction whose name holds it is in a backward pass."""
+
+
+def in_backward_pass(name: str) -> bool:
+  """Whether a name stack or an XLA ``op_name`` is inside a backward pass
+  (the recompute included: it runs there)."""
+  return TRANSPOSE_SCOPE in str(name)
+
+
 def in_recompute(name: str) -> bool:
   """Whether a name stack or an XLA ``op_name`` is inside the recompute."""
   return RECOMPUTE_SCOPE in str(name)
@@ -92,7 +104,7 @@ def recomputes_primal(name: str) -> bool:
   the program again (the recompute) rather than transposing it: inside the
   recompute's scope, and not inside a transpose opened within it."""
   name = str(name)
-  return in_recompute(name) and 'transpose(' not in name.rsplit(RECOMPUTE_SCOPE, 1)[1]
+  return in_recompute(name) and not in_backward_pass(name.rsplit(RECOMPUTE_SCOPE, 1)[1])
 
 
 # -- the scope of a checkpointed_scan ----------------------------------------------

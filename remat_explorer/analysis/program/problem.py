@@ -31,7 +31,8 @@ from remat_explorer.analysis.source.origins import (display_name, register_trace
                                                      user_frames)
 from remat_explorer.analysis.program.blocks import NO_REMAT, check_block_names, find_blocks
 from remat_explorer.analysis.program.devices import check_one_device_set
-from remat_explorer.engine import checkpoint, debug_info_of, enclosing_strategy
+from remat_explorer.engine import (TRANSPOSE_SCOPE, checkpoint, debug_info_of,
+                                    enclosing_strategy)
 
 
 _TRACED = (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct)
@@ -267,7 +268,7 @@ def check_positions(positions, num_args, name: str,
 def refuse_if_it_differentiates(closed: core.ClosedJaxpr, name: str) -> None:
   """A training step already runs a backward pass; analysing it would
   differentiate it again (second-order residuals). Say which loss to pass."""
-  backward = _equation_in_scope(closed.jaxpr, 'transpose(')
+  backward = _equation_in_scope(closed.jaxpr, TRANSPOSE_SCOPE)
   if backward is None:
     return
   forward = _equation_in_scope(closed.jaxpr, 'jvp(') or backward

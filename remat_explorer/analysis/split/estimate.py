@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import jax
 from jax.extend.core import ClosedJaxpr, Var
 
+from remat_explorer.engine import in_backward_pass
 from remat_explorer.analysis.cache import ResultCache
 from remat_explorer.analysis.program.blocks import built_policy_choice
 from remat_explorer.analysis.program.keywords import check_keywords, entry_point
@@ -145,7 +146,7 @@ def residual_bytes(closed: ClosedJaxpr) -> int:
   for eqn in closed.jaxpr.eqns:
     stack = eqn.source_info.name_stack
     if id(stack) not in backward:
-      backward[id(stack)] = stack, 'transpose(' in str(stack)
+      backward[id(stack)] = stack, in_backward_pass(stack)
     if backward[id(stack)][1]:
       read.update(v for v in eqn.invars if isinstance(v, Var) and v in forward)
     else:

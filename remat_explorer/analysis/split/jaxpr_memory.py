@@ -39,7 +39,7 @@ from remat_explorer.analysis.source.origins import CALL_PRIMITIVES
 from remat_explorer.analysis.split.backend import (GENERIC, Backend,
                                                    convolution_operands_to_copy,
                                                    reads_minor_broadcast)
-from remat_explorer.engine import RECOMPUTE_SCOPE
+from remat_explorer.engine import in_backward_pass, in_recompute
 
 # Equations XLA fuses with their producers and consumers: one output element
 # from a few input elements.
@@ -187,7 +187,7 @@ def _flatten(jaxpr: Jaxpr, env: dict, counter, ops: list, inputs: set,
     if spelled is None:
       where = f'{scope}/{stack}'
       spelled = scopes[id(stack), scope] = (
-          stack, where, 'transpose(' in where and RECOMPUTE_SCOPE not in where)
+          stack, where, in_backward_pass(where) and not in_recompute(where))
     _, where, in_backward = spelled
     if body is None:
       writes = [next(counter) for _ in eqn.outvars]

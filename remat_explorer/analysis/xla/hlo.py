@@ -17,7 +17,7 @@ import re
 from typing import Any, NamedTuple, Union
 
 from remat_explorer.analysis.units import element_bits
-from remat_explorer.engine import in_recompute
+from remat_explorer.engine import in_backward_pass, in_recompute
 
 
 # -- HLO text -------------------------------------------------------------------
@@ -127,7 +127,7 @@ def pass_of(op_name: str) -> str:
     return ''
   if in_recompute(op_name):
     return 'recompute'
-  return 'backward' if 'transpose(' in op_name else 'forward'
+  return 'backward' if in_backward_pass(op_name) else 'forward'
 
 
 _OPERAND = re.compile(r'%([\w.\-]+)')

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from remat_explorer.engine import in_backward_pass
 from remat_explorer.analysis.xla.buffers import BufferAssignment
 from remat_explorer.analysis.xla.heap_trace import HeapTrace
 from remat_explorer.analysis.xla.hlo import HloModule, pass_of
@@ -205,8 +206,8 @@ def _buffer(b: LiveBuffer, instrs) -> Buffer:
   if b.kind != 'value' or not instrs:
     return Buffer(b.name, b.leaf.bytes, b.start, b.end, b.op_name, False, False,
                   False, b.leaf.memory_space, b.source)
-  forward = b.op_name and 'transpose(' not in b.op_name
-  read_back = any('transpose(' in instrs[u].op_name for u in b.uses)
+  forward = b.op_name and not in_backward_pass(b.op_name)
+  read_back = any(in_backward_pass(instrs[u].op_name) for u in b.uses)
   return Buffer(b.name, b.leaf.bytes, b.start, b.end, b.op_name,
                 bool(forward and read_back and not b.is_parameter),
                 b.is_parameter, b.is_output, b.leaf.memory_space, b.source)
