@@ -60,9 +60,10 @@ from remat_explorer.analysis.units import format_bytes, format_flops  # noqa: E4
 RESULTS = ROOT / 'bench' / 'results'
 
 
-def _section(results: dict, name: str):
+def _section(results: dict, name: str, save):
   """A decorator running one section into ``results[name]``, its failure
-  recorded rather than raised."""
+  recorded rather than raised, and the results so far written out by
+  `save` (a run cut short by its time limit keeps its finished sections)."""
   def run(fn):
     start = time.perf_counter()
     print(f'\n== {name}', flush=True)
@@ -73,26 +74,31 @@ def _section(results: dict, name: str):
                        'traceback': traceback.format_exc(limit=4)}
       print(f'   failed: {type(e).__name__}: {e}', flush=True)
     results[name + ' seconds'] = time.perf_counter() - start
+    save()
     return fn
   return run
 
 
 def _live_and_target(quick: bool):
-  """(the live device, the target mesh, a label for each, the target config
-  used): the GPU here and a compile-only copy of it, or the CPU and
-  OpenXLA's H100."""
+  """(the live device, the target mesh, the target config used, why no
+  target could be made or None): the GPU here and a compile-only copy of
+  it, or the CPU and OpenXLA's H100."""
   gpus = [d for d in jax.devices() if d.platform == 'gpu']
   if gpus:
     config = rx.gpu_target_config()
-    rx.register_gpu_target('live_gpu', config)
-    return gpus[0], rx.target_mesh('live_gpu'), config
+    try:
+      rx.register_gpu_target('live_gpu', config)
+      return gpus[0], rx.target_mesh('live_gpu'), config, None
+    except Exception as e:  # the live figures are still worth having
+      traceback.print_exc()
+      return gpus[0], None, config, f'{type(e).__name__}: {e}'
   from remat_explorer.analysis.targets.gpu_configs import gpu_target
-  return jax.devices()[0], rx.target_mesh('h100'), gpu_target('h100').config
+  return jax.devices()[0], rx.target_mesh('h100'), gpu_target('h100').config, None
 
 
 def _transformer(use_scan: bool, quick: bool, **kwargs):
   sizes = (dict(num_layers=2, d_model=128, seq_len=128, batch=8) if quick else
-           dict(num_layers=4, d_model=512, seq_len=512, batch=16))
+           dict(num_layers=6, d_model=1024, seq_len=1024, batch=8))
   return examples.transformer(use_scan=use_scan, **sizes, **kwargs)
 
 
@@ -108,22 +114,36 @@ def live_against_target(live, mesh, quick: bool) -> dict:
     loss_fn, args = _transformer(use_scan, quick)
     names = rx.analyze(loss_fn, *args).names_in_program
     for label, policy in {'as written': None, **builtin_policies(names)}.items():
-      here = compile_costs(loss_fn, *args, policy=policy)
-      there = compile_costs(loss_fn, *_on(mesh, args), policy=policy)
       row = {'model': 'scan' if use_scan else 'unrolled', 'policy': label}
+      rows.append(row)
+      try:
+        here = compile_costs(loss_fn, *args, policy=policy)
+        there = (compile_costs(loss_fn, *_on(mesh, args), policy=policy)
+                 if mesh is not None else None)
+      except Exception as e:  # recorded: the other policies still run
+        row['error'] = f'{type(e).__name__}: {e}'
+        print(f'   {row["model"]:8s} {label[:40]:40s} failed: {row["error"][:200]}', flush=True)
+        continue
       for side, c in (('live', here), ('target', there)):
+        if c is None:
+          continue
         row.update({f'{side}_{k}': getattr(c, k) for k in (
-            'peak_bytes', 'temp_bytes', 'executed_flops', 'peak_memory_bytes')})
+            'peak_bytes', 'temp_bytes', 'executed_flops', 'peak_memory_bytes', 'failed')})
         row[f'{side}_timeline_peak'] = c.timeline.peak_bytes if c.timeline else None
         row[f'{side}_kind'] = c.device_kind
-      rows.append(row)
+      if there is None:
+        print(f'   {row["model"]:8s} {label[:40]:40s} peak {format_bytes(here.peak_bytes):>10s}'
+              f' FLOPs {format_flops(here.executed_flops):>10s}', flush=True)
+        continue
       same = row['live_peak_bytes'] == row['target_peak_bytes']
+      traced = (f"{row['target_timeline_peak'] / there.peak_bytes:.4f}"
+                if row['target_timeline_peak'] and there.peak_bytes else 'none')
       print(f'   {row["model"]:8s} {label[:40]:40s} peak {format_bytes(here.peak_bytes):>10s} '
             f'| target {format_bytes(there.peak_bytes):>10s} {"=" if same else "≠"} | FLOPs '
             f'{format_flops(here.executed_flops):>10s} | {format_flops(there.executed_flops):>10s}'
-            f' | target timeline/XLA {row["target_timeline_peak"] / there.peak_bytes:.4f}',
-            flush=True)
-  return {'rows': rows, 'live': live.device_kind, 'target': mesh.devices.flat[0].device_kind}
+            f' | target timeline/XLA {traced}', flush=True)
+  return {'rows': rows, 'live': live.device_kind,
+          'target': mesh.devices.flat[0].device_kind if mesh is not None else None}
 
 
 def step_times(quick: bool) -> dict:
@@ -210,7 +230,7 @@ def scans(quick: bool) -> dict:
   n, s = (256, 4) if quick else (1024, 8)
   rows = {}
   for method in ('ours: binomial', 'equinox checkpointed'):
-    rows[method] = scan_bench.run_row(method, n, s, repeats=5, timeout=600)
+    rows[method] = scan_bench.run_row(method, n, s, repeats=5, timeout=180)
     print(f'   {method:24s} {rows[method]}', flush=True)
   return {'n': n, 's': s, 'rows': rows}
 
@@ -220,25 +240,29 @@ def main():
   parser.add_argument('--quick', action='store_true', help='small sizes, fewer runs')
   parser.add_argument('--json', default=None)
   a = parser.parse_args()
-  live, mesh, config = _live_and_target(a.quick)
+  live, mesh, config, no_target = _live_and_target(a.quick)
+  target_kind = mesh.devices.flat[0].device_kind if mesh is not None else None
   a.quick = a.quick or live.platform == 'cpu'
   results_quick = a.quick
   results = {'jax': jax.__version__, 'quick': results_quick, 'live_device': live.device_kind,
-             'live_platform': live.platform, 'target': mesh.devices.flat[0].device_kind}
+             'live_platform': live.platform, 'target': target_kind,
+             'no_target': no_target}
   print(f'live: {live.device_kind} ({live.platform}); compile-only target: '
-        f'{mesh.devices.flat[0].device_kind}; JAX {jax.__version__}')
-  _section(results, 'live against compile-only')(lambda: live_against_target(live, mesh, a.quick))
-  _section(results, 'step times')(lambda: step_times(a.quick))
-  _section(results, 'lowerings')(lambda: lowerings(a.quick))
-  _section(results, 'offloading')(lambda: offloading(a.quick))
-  _section(results, 'rx.checkpoint against jax.checkpoint')(lambda: against_jax_checkpoint(a.quick))
-  _section(results, 'checkpointed_scan against equinox')(lambda: scans(a.quick))
+        f'{target_kind or no_target}; JAX {jax.__version__}')
   name = live.device_kind.replace(' ', '_').lower()
   out = Path(a.json) if a.json else RESULTS / f'gpu-{name}.json'
   out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps(results, indent=1, default=str))
   if live.platform == 'gpu':
     (out.parent / f'target_config-{name}.txtpb').write_text(config)
+  save = lambda: out.write_text(json.dumps(results, indent=1, default=str))
+  _section(results, 'live against compile-only', save)(
+      lambda: live_against_target(live, mesh, a.quick))
+  _section(results, 'step times', save)(lambda: step_times(a.quick))
+  _section(results, 'rx.checkpoint against jax.checkpoint', save)(
+      lambda: against_jax_checkpoint(a.quick))
+  _section(results, 'lowerings', save)(lambda: lowerings(a.quick))
+  _section(results, 'offloading', save)(lambda: offloading(a.quick))
+  _section(results, 'checkpointed_scan against equinox', save)(lambda: scans(a.quick))
   print(f'\nwrote {out}')
 
 
