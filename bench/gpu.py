@@ -128,7 +128,8 @@ def live_against_target(live, mesh, quick: bool) -> dict:
         if c is None:
           continue
         row.update({f'{side}_{k}': getattr(c, k) for k in (
-            'peak_bytes', 'temp_bytes', 'executed_flops', 'peak_memory_bytes', 'failed')})
+            'peak_bytes', 'temp_bytes', 'executed_flops', 'xla_flops', 'peak_memory_bytes',
+            'failed')})
         row[f'{side}_timeline_peak'] = c.timeline.peak_bytes if c.timeline else None
         row[f'{side}_kind'] = c.device_kind
       if there is None:
@@ -168,19 +169,30 @@ def step_times(quick: bool) -> dict:
 
 
 def lowerings(quick: bool) -> dict:
+  """The unrolled step under ``nothing_saveable`` in each lowering, beside
+  the same step saving everything: the FLOPs the recompute adds where XLA
+  kept it, and what the matmul counts say (``recompute_eliminated``)."""
   loss_fn, args = _transformer(False, quick)
-  out = {}
+  policy = rx.checkpoint_policies.nothing_saveable
+  saving = compile_costs(loss_fn, *args, policy=rx.checkpoint_policies.everything_saveable)
+  report = rx.analyze(loss_fn, *args, policy=policy)
+  out = {'everything_saveable': {'peak_bytes': saving.peak_bytes,
+                                 'flops': saving.executed_flops},
+         'recompute_flops_in_jaxpr': report.recompute_flops}
   for lowering in ('barrier', 'cond', 'while', 'none'):
-    c = compile_costs(loss_fn, *args, policy=rx.checkpoint_policies.nothing_saveable,
-                      lowering=lowering)
-    report = rx.analyze(loss_fn, *args, policy=rx.checkpoint_policies.nothing_saveable,
-                        lowering=lowering)
-    merged = recompute_eliminated(report, c)
+    c = compile_costs(loss_fn, *args, policy=policy, lowering=lowering)
+    merged = recompute_eliminated(
+        rx.analyze(loss_fn, *args, policy=policy, lowering=lowering), c)
+    added = (c.executed_flops - saving.executed_flops
+             if c.executed_flops is not None and saving.executed_flops is not None else None)
     out[lowering] = {'peak_bytes': c.peak_bytes, 'flops': c.executed_flops,
-                     'recompute_kept': not merged}
+                     'flops_added': added, 'matmuls': (c.lowered_matmuls, c.compiled_matmuls),
+                     'matmul_counts_say_merged': bool(merged)}
+    share = (f'{added / report.recompute_flops:6.1%}' if added is not None
+             and report.recompute_flops else '     —')
     print(f'   {lowering:8s} peak {format_bytes(c.peak_bytes):>10s} FLOPs '
-          f'{format_flops(c.executed_flops):>10s} recompute '
-          f'{"kept" if not merged else "merged away by XLA"}', flush=True)
+          f'{format_flops(c.executed_flops):>10s}, {share} of the recompute executed; '
+          f'matmuls lowered {c.lowered_matmuls}, compiled {c.compiled_matmuls}', flush=True)
   return out
 
 
@@ -239,6 +251,9 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--quick', action='store_true', help='small sizes, fewer runs')
   parser.add_argument('--json', default=None)
+  parser.add_argument('--only', nargs='+', metavar='SECTION', help=(
+      'run only the sections whose names start with these words '
+      '(live, step, rx.checkpoint, lowerings, offloading, checkpointed_scan)'))
   a = parser.parse_args()
   live, mesh, config, no_target = _live_and_target(a.quick)
   target_kind = mesh.devices.flat[0].device_kind if mesh is not None else None
@@ -255,14 +270,15 @@ def main():
   if live.platform == 'gpu':
     (out.parent / f'target_config-{name}.txtpb').write_text(config)
   save = lambda: out.write_text(json.dumps(results, indent=1, default=str))
-  _section(results, 'live against compile-only', save)(
-      lambda: live_against_target(live, mesh, a.quick))
-  _section(results, 'step times', save)(lambda: step_times(a.quick))
-  _section(results, 'rx.checkpoint against jax.checkpoint', save)(
-      lambda: against_jax_checkpoint(a.quick))
-  _section(results, 'lowerings', save)(lambda: lowerings(a.quick))
-  _section(results, 'offloading', save)(lambda: offloading(a.quick))
-  _section(results, 'checkpointed_scan against equinox', save)(lambda: scans(a.quick))
+  wanted = lambda name: not a.only or any(name.startswith(w) for w in a.only)
+  section = lambda name: (_section(results, name, save) if wanted(name)
+                          else (lambda fn: fn))
+  section('live against compile-only')(lambda: live_against_target(live, mesh, a.quick))
+  section('step times')(lambda: step_times(a.quick))
+  section('rx.checkpoint against jax.checkpoint')(lambda: against_jax_checkpoint(a.quick))
+  section('lowerings')(lambda: lowerings(a.quick))
+  section('offloading')(lambda: offloading(a.quick))
+  section('checkpointed_scan against equinox')(lambda: scans(a.quick))
   print(f'\nwrote {out}')
 
 

@@ -27,6 +27,11 @@ if _OWN_CACHE:  # set before JAX is imported, which reads it then
                     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
                     JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0')
 
+# On an NVIDIA GPU, JAX runs float32 matmuls in TF32 by default, and the
+# tests compare values at float32's tolerances: they run at full precision.
+if os.path.exists('/dev/nvidiactl'):
+  os.environ.setdefault('JAX_DEFAULT_MATMUL_PRECISION', 'highest')
+
 
 def pytest_unconfigure(config):
   if _OWN_CACHE:

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
-from jax.sharding import AbstractMesh, PartitionSpec as P
+from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P
 
 import remat_explorer as rx
 from remat_explorer.analysis.split.flops import (
@@ -188,7 +188,9 @@ def test_shard_map_counts_every_shard():
   body = lambda a, w: jnp.tanh(a @ w)
   f = jax.shard_map(body, mesh=mesh, in_specs=(P('x'), P()), out_specs=P('x'))
   a, w = _normal(12, (16, 8), (8, 8))
-  (row,) = flops_by_equation(jax.make_jaxpr(f)(a, w))
+  placed = [jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=NamedSharding(mesh, spec))
+            for v, spec in ((a, P('x')), (w, P()))]
+  (row,) = flops_by_equation(jax.make_jaxpr(f)(*placed))
   assert row.flops == _ours(body, a, w) == 2 * 16 * 8 * 8
   assert '4 shards' in row.note
 

@@ -30,7 +30,7 @@ def test_sharded_programs_on_8_host_devices(part):
       [sys.executable, '-m', 'pytest', '-q', '-p', 'no:xdist', '-p', 'no:cacheprovider',
        *(f'{CHECKS}::{name}' for name in _part(part))],
       cwd=ROOT, capture_output=True, text=True, timeout=900,
-      env={'PYTHONPATH': str(ROOT), 'PATH': '/usr/bin:/bin',
+      env={'PYTHONPATH': str(ROOT), 'PATH': '/usr/bin:/bin', 'JAX_PLATFORMS': 'cpu',
            'XLA_FLAGS': '--xla_force_host_platform_device_count=8',
            'MPLBACKEND': 'Agg'})
   assert result.returncode == 0, (result.stdout[-6000:] + result.stderr[-3000:])

@@ -175,6 +175,27 @@ def test_executed_flops_count_every_trip_of_every_loop(target):
   assert matmuls <= rolled.executed_flops <= 1.1 * matmuls
 
 
+def test_a_gpus_matmuls_count_whether_triton_or_cublas_runs_them():
+  """XLA:GPU runs a matmul in a Triton GEMM fusion or hands it to cuBLAS as
+  a custom call (a live GPU's autotuner picks; ``xla_gpu_enable_triton_gemm``
+  off forces cuBLAS here). XLA's cost analysis counts a custom call as
+  nothing; the executed FLOPs count each as the dot it replaces, so either
+  way they are the step's FLOPs as XLA:CPU counts the same step."""
+  mesh = rx.target_mesh('h100')
+  w, x = _stack(mesh, layers=3, seed=5)
+  policy = jax.checkpoint_policies.nothing_saveable
+  cublas_options = {'xla_gpu_enable_triton_gemm': False}
+  assert '__cublas' in jax.jit(jax.grad(_loss(policy))).lower(w, x).compile(
+      compiler_options=cublas_options).as_text()
+  triton = rx.compile_costs(_loss(policy), w, x)
+  cublas = rx.compile_costs(_loss(policy), w, x, compiler_options=cublas_options)
+  on_cpu = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (w, x)]
+  cpu = rx.compile_costs(_loss(policy), *on_cpu)
+  assert cpu.platform == 'cpu' and cublas.platform == 'gpu'
+  assert triton.executed_flops == pytest.approx(cpu.executed_flops, rel=0.01)
+  assert cublas.executed_flops == pytest.approx(cpu.executed_flops, rel=0.01)
+
+
 def test_the_timeline_follows_the_tpus_on_chip_heap_where_xla_does():
   """A program small enough to live in a TPU's on-chip memory: XLA:TPU's
   figure is that heap's peak, and so is the timeline's."""

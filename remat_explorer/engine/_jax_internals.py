@@ -19,6 +19,10 @@ those releases is bridged below, each difference under a version check:
   ``ft_in`` instead of ``num_consts`` and ``num_carry``. JAX 0.11
   also merged ``ClosedJaxpr`` into ``Jaxpr`` (with ``.jaxpr``/``.consts``
   kept as accessors), and needs Python 3.12.
+* 0.11.2: a state discharge rule takes a ``DischargeContext`` holding the
+  avals where it took ``in_avals, out_avals``.
+* GPU: the PJRT C API has no cost analysis of a module given as HLO text;
+  the CPU's (the same ``HloCostAnalysis``) counts a loop body's FLOPs.
 """
 
 import jax
@@ -135,6 +139,21 @@ else:
     return discharge.discharge_state2(closed_jaxpr, should_discharge)
 
 
+if hasattr(discharge, 'DischargeContext'):  # 0.11.2
+  def register_discharge_rule(primitive, rule):
+    """Make `rule(in_avals, out_avals, *args, **params)` discharge
+    `primitive`'s refs; from 0.11.2 JAX passes the avals in a context."""
+    discharge.register_discharge_rule(primitive)(
+        lambda ctx, *args, **params: rule(ctx.in_avals, ctx.out_avals, *args, **params))
+    return rule
+else:
+  def register_discharge_rule(primitive, rule):
+    """Make `rule(in_avals, out_avals, *args, **params)` discharge
+    `primitive`'s refs."""
+    discharge.register_discharge_rule(primitive)(rule)
+    return rule
+
+
 # Primitives that policies and residual reports look at.
 dot_general_p = lax_internal.dot_general_p
 conv_general_dilated_p = lax_convolution.conv_general_dilated_p
@@ -196,14 +215,21 @@ def hlo_text_flops(hlo_text: str, device) -> float | None:
   """XLA's own cost analysis (``flops``) of an HLO module given as text, for
   `device`'s backend: what ``Compiled.cost_analysis()`` reports for a
   compiled module, applicable to a module rewritten from one (a loop's body
-  as the entry). None where this jaxlib has no such binding."""
+  as the entry). Where the backend is a PJRT plugin (a GPU or TPU), whose C
+  API has no cost analysis of a module, the CPU's ``HloCostAnalysis``
+  counts it. None where this jaxlib has no such binding."""
   from jax._src import lib
   parse = getattr(getattr(lib, 'hlo', None), 'hlo_module_from_text', None)
   analyze = getattr(getattr(lib, '_jax', None), 'hlo_module_cost_analysis', None)
   if parse is None or analyze is None:
     return None
-  return float(analyze(device.client, parse(hlo_text)).get('flops', 0.0))
-
+  module = parse(hlo_text)
+  try:
+    return float(analyze(device.client, module).get('flops', 0.0))
+  except jax.errors.JaxRuntimeError as e:
+    if 'UNIMPLEMENTED' not in str(e) or device.platform == 'cpu':
+      raise
+  return float(analyze(jax.devices('cpu')[0].client, module).get('flops', 0.0))
 
 
 # -- compile-only devices ------------------------------------------------------

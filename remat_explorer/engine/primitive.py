@@ -517,7 +517,6 @@ mlir.register_lowering(checkpoint_p, lower_checkpoint)
 
 # -- state discharge ----------------------------------------------------------
 
-@jx.discharge.register_discharge_rule(checkpoint_p)
 def _discharge_state(in_avals, out_avals, *args, jaxpr, **params):
   """The block run on the values its ref inputs hold instead of the refs.
 
@@ -531,6 +530,9 @@ def _discharge_state(in_avals, out_avals, *args, jaxpr, **params):
                                             **params)
   outs, final_values = jx.split_list(outs_and_final_values, [len(jaxpr.outvars)])
   return _new_input_values(in_avals, final_values), outs
+
+
+jx.register_discharge_rule(checkpoint_p, _discharge_state)
 
 
 def _new_input_values(in_avals, final_ref_values) -> list:

@@ -146,6 +146,13 @@ def _describe_jax_dataclass(policy) -> str:
   if cls == 'DotsSaveable':
     return ('dots_with_no_batch_dims_saveable'
             if getattr(policy, 'only_if_no_batch_dims', False) else 'dots_saveable')
+  # From JAX 0.11 the offloading policies are dataclasses too.
+  if cls == 'OffloadDotWithNoBatchDims':
+    return _call('offload_dot_with_no_batch_dims', [policy.offload_src, policy.offload_dst])
+  if cls == 'SaveAndOffloadOnlyTheseNames':
+    return _save_and_offload(policy.names_which_can_be_saved,
+                             policy.names_which_can_be_offloaded,
+                             policy.offload_src, policy.offload_dst)
   factory = re.sub(r'(?<!^)(?=[A-Z])', '_', cls).lower()
   return _call(factory, sorted(policy_names(policy)[0]))
 

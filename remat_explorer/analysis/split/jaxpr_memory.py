@@ -39,7 +39,7 @@ from remat_explorer.analysis.source.origins import CALL_PRIMITIVES
 from remat_explorer.analysis.split.backend import (GENERIC, Backend,
                                                    convolution_operands_to_copy,
                                                    reads_minor_broadcast)
-from remat_explorer.engine import in_backward_pass, in_recompute
+from remat_explorer.engine import in_backward_pass, in_recompute, scan_consts_and_carries
 
 # Equations XLA fuses with their producers and consumers: one output element
 # from a few input elements.
@@ -423,7 +423,8 @@ def _running_bytes(eqn: JaxprEqn, backend: Backend) -> int:
   if name == 'scan':
     body = _as_jaxpr(params['jaxpr'])
     # The stacked outputs are written in place, a slice per iteration.
-    return peak_bytes(body, uncounted=range(params['num_carry'], len(body.outvars)),
+    _, num_carry = scan_consts_and_carries(params)
+    return peak_bytes(body, uncounted=range(num_carry, len(body.outvars)),
                       backend=backend)
   if name == 'while':
     return max(peak_bytes(params['body_jaxpr'], backend=backend),

@@ -235,11 +235,11 @@ def start_step_compile(step, leaves, *, function, policy, lowering, donate_argnu
 
 
 def _counting_device(device):
-  """The device whose XLA counts the FLOPs of a module's computations:
-  `device` itself, or, for a compile-only one (which cannot analyse a
-  module alone), the CPU, whose cost analysis gives XLA:TPU's own counts of
-  TPU modules (checked in tests/test_targets.py)."""
-  return jax.devices('cpu')[0] if engine.is_compile_only(device) else device
+  """The device whose XLA counts the FLOPs of a module's computations: the
+  CPU. A PJRT plugin's client (a GPU's or a TPU's, live or compile-only) has
+  no cost analysis of a module alone; the CPU's gives XLA:TPU's own counts
+  of TPU modules (checked in tests/test_targets.py)."""
+  return device if device.platform == 'cpu' else jax.devices('cpu')[0]
 
 
 def _done_with(fn) -> concurrent.futures.Future:
@@ -305,8 +305,10 @@ class _StepCompile:
       except Exception as e:
         notes.append(f'memory timeline unavailable: {type(e).__name__}: {e}')
       try:
+        # XLA:GPU's own cost_analysis() leaves out the matmuls of its GEMM
+        # fusions and cuBLAS calls: a GPU's count is made from the text.
         executed = executed_flops(module, _counting_device(self.device),
-                                  cost.get('flops'))
+                                  None if common['platform'] == 'gpu' else cost.get('flops'))
       except Exception as e:  # a text XLA's parser refuses: say so, keep the rest
         notes.append(f'executed FLOPs unavailable: {type(e).__name__}: {e}')
     xla_peak = getattr(memory, 'peak_memory_in_bytes', None)

@@ -25,15 +25,21 @@ counted as exactly that. Where the engine knows how often each branch of a
 conditional runs (the binomial loop's backward pass reverses a step on
 ``n - 1`` of its turns), it says so in the conditional's scope, and each
 branch is counted by its share of the runs. Nothing is estimated:
-each term is XLA's own count of a computation of the optimized module.
+each term is XLA's own count of a computation of the optimized module,
+with one addition: a GPU's matmuls that XLA hands to cuBLAS are custom calls,
+which XLA's cost analysis counts as nothing; each is counted as XLA counts
+the ``dot`` it replaces (2 x output elements x contracted size, and the
+output once more where the call also adds its ``beta`` operand).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 
 from remat_explorer import engine
-from remat_explorer.analysis.xla.hlo import HloModule
+from remat_explorer.analysis.xla.hlo import HloModule, Instruction, Leaf
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +78,7 @@ class _Counter:
   def __init__(self, module: HloModule, device):
     self.module, self.device = module, device
     self.counted: dict[str, float | None] = {}
+    self.gemms: dict[str, float] = {}
     self.runs: dict[str, tuple[float, float]] = {}
     self.branching: dict[str, bool] = {}
     self.loops = self.unknown = 0
@@ -79,8 +86,28 @@ class _Counter:
   def xla(self, name: str) -> float | None:
     """XLA's cost analysis of computation `name` as a module's entry."""
     if name not in self.counted:
-      self.counted[name] = engine.hlo_text_flops(self.module.as_entry(name), self.device)
+      counted = engine.hlo_text_flops(self.module.as_entry(name), self.device)
+      self.counted[name] = (None if counted is None
+                            else counted + self.library_gemms(name))
     return self.counted[name]
+
+  def library_gemms(self, name: str) -> float:
+    """FLOPs of the cuBLAS GEMM calls computation `name` runs, visited as
+    XLA's cost analysis visits computations: fusions, calls, a loop's body
+    and condition once each, a conditional's costliest branch."""
+    if name not in self.gemms:
+      self.gemms[name] = 0.0  # a module's calls form no cycle
+      instructions = self.module.computations.get(name, [])
+      by_name = {i.name: i for i in instructions}
+      total = 0.0
+      for instruction in instructions:
+        total += _cublas_gemm_flops(instruction, by_name)
+        if instruction.opcode == 'conditional':
+          total += max((self.library_gemms(b) for b in instruction.branches()), default=0.0)
+        else:
+          total += sum(self.library_gemms(c) for c in instruction.all_called())
+      self.gemms[name] = total
+    return self.gemms[name]
 
   def loops_or_branches(self, name: str) -> bool:
     """Whether computation `name` runs a loop or a conditional, itself or
@@ -137,6 +164,39 @@ class _Counter:
             low += callee_low - counted
       self.runs[name] = high, low
     return self.runs[name]
+
+
+_CUBLAS_GEMM = re.compile(r'custom_call_target="__cublas\$(?:lt\$matmul|gemm)')
+_LHS_CONTRACTING = re.compile(r'"lhs_contracting_dimensions":\[([^\]]*)\]')
+_BETA = re.compile(r'"beta":([-\d.eE+]+)')
+
+
+def _cublas_gemm_flops(instruction: Instruction, by_name: dict[str, Instruction]) -> float:
+  """What XLA's cost analysis would count for the ``dot`` a cuBLAS call
+  stands for; 0 for any other instruction."""
+  if instruction.opcode != 'custom-call' or not _CUBLAS_GEMM.search(instruction.attrs):
+    return 0.0
+  contracting = _LHS_CONTRACTING.search(instruction.attrs)
+  lhs = by_name.get(instruction.operands[0]) if instruction.operands else None
+  if contracting is None or lhs is None:
+    raise ValueError(f'cannot read the shapes of the cuBLAS call {instruction.name}')
+  lhs_dims = _dims(lhs.shape)
+  contracted = math.prod(lhs_dims[int(d.strip('" '))] for d in contracting.group(1).split(',')
+                         if d.strip())
+  out = math.prod(_dims(instruction.shape))
+  beta = _BETA.search(instruction.attrs)
+  adds_beta = beta is not None and float(beta.group(1)) != 0
+  return 2.0 * out * contracted + (out if adds_beta else 0)
+
+
+def _dims(shape) -> list[int]:
+  """The dimensions of an array result, or of a tuple's first array (a
+  cuBLAS call returns its product and a workspace)."""
+  while isinstance(shape, list):
+    shape = shape[0]
+  assert isinstance(shape, Leaf)
+  dims = shape.type[shape.type.index('[') + 1:shape.type.index(']')]
+  return [int(re.search(r'\d+', d).group()) for d in dims.split(',') if d]  # '<=8': its bound
 
 
 def _scope(instruction) -> str:
