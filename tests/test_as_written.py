@@ -128,10 +128,11 @@ def test_caches_answer_for_the_enclosing_lowering_strategy():
     inside = compile_costs(f, params, x)
     assert analyze(f, params, x) is analyze(f, params, x)
   assert outside.lowered_matmuls is not None
-  # The cond lowering keeps the recompute, which the barrier lets XLA merge
-  # away on a CPU: the compiled programs differ.
+  # The cond lowering keeps the recompute; where the barrier let XLA merge
+  # it away (JAX 0.10's XLA:CPU does) the compiled programs differ.
   assert inside is not outside
-  assert inside.compiled_matmuls != outside.compiled_matmuls
+  merged_under_barrier = outside.compiled_matmuls < outside.lowered_matmuls
+  assert (inside.compiled_matmuls != outside.compiled_matmuls) == merged_under_barrier
   assert compile_costs(f, params, x) is outside
 
 

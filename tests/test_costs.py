@@ -238,8 +238,8 @@ def test_recompute_merged_by_xla_is_flagged():
   dots_compiled = dots(lowered.compile().as_text())
   dots_plain = dots(jax.jit(jax.value_and_grad(plain)).lower(*args).compile().as_text())
   merged = dots_compiled <= dots_plain < dots_lowered
-  if jax.default_backend() == 'cpu':
-    assert merged
+  if jax.default_backend() == 'cpu' and jax.__version_info__ < (0, 11):
+    assert merged  # JAX 0.11's XLA:CPU keeps it: the flag's other side
   # Each layer's matmul is recomputed; the counts are JAX's program's.
   recomputed = sum(1 for b in row.report.blocks for e in b.recomputed
                    if e.primitive == 'dot_general')

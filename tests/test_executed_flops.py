@@ -111,14 +111,19 @@ def test_a_loop_of_unknown_trip_count_is_named_and_left_off_the_front():
 
 
 def test_the_front_ranks_by_what_the_compiled_program_executes():
-  """On the CPU XLA merges a straight-line recompute with the forward pass:
-  the jaxpr asks nothing_saveable for more FLOPs than no remat, the
-  compiled programs execute the same. The front follows the compiled count."""
+  """JAX 0.10's XLA:CPU merges a straight-line recompute with the forward
+  pass: the jaxpr asks nothing_saveable for more FLOPs than no remat, the
+  compiled programs execute the same (0.11's keeps the recompute, and
+  executes what the jaxpr asks). The front follows the compiled count."""
   loss, (ws, x) = _checkpointed_stack(seed=3, layers=6, width=128, batch=64)
   comparison = compare(loss, ws, x, policies=['nothing_saveable'])
   nothing, baseline = comparison.row('nothing_saveable'), comparison.baseline
   assert nothing.flops > baseline.flops  # what the jaxpr asks for
-  assert nothing.compiled_flops == baseline.compiled_flops  # what runs
+  if nothing.recompute_eliminated is not None:  # what runs
+    assert nothing.compiled_flops == baseline.compiled_flops
+  else:
+    assert nothing.compiled_flops == pytest.approx(
+        baseline.compiled_flops + nothing.recompute_flops, rel=0.01)
   usable = [r for r in comparison.rows if not r.failed]
   for r in usable:
     dominated = any(o.peak_bytes <= r.peak_bytes and o.compiled_flops <= r.compiled_flops
@@ -196,8 +201,8 @@ def test_the_binomial_loop_counts_each_turn_once():
     assert binomial.executed_flops == binomial.executed_flops_low
     per_turn.append((binomial.executed_flops - plain.executed_flops)
                     / revolve.backward_turns(n, s))
-  # The same per turn whatever n and s...
-  assert per_turn == pytest.approx([per_turn[0]] * 3, rel=1e-3)
+  # The same per turn whatever n and s, to within the turn's bookkeeping...
+  assert max(per_turn) - min(per_turn) < 2 * h0.size
   # ...one step's forward, and the turn's bookkeeping: elementwise on the
   # carry (selecting it, masking a snapshot's store), a few carries' worth.
   one_step = jax.jit(step).lower(h0).compile().cost_analysis()['flops']

@@ -42,11 +42,11 @@ def test_no_remat_is_the_model_rebuilt_without_remat(name):
   assert {k: getattr(ours, k) for k in _FIGURES} == {k: getattr(theirs, k) for k in _FIGURES}
   assert ours.timeline.peak_bytes == theirs.timeline.peak_bytes
   # Every other number of XLA's memory analysis too; on the NNX model the
-  # CPU's peak_memory_in_bytes (arguments and outputs only) is still 8 bytes
-  # apart.
+  # CPU's peak_memory_in_bytes (arguments and outputs only) is 8 bytes apart
+  # under JAX 0.10's XLA, equal under 0.11's.
   differing = {k for k in ours.memory_analysis
                if ours.memory_analysis[k] != theirs.memory_analysis.get(k)}
-  assert differing == ({'peak_memory_in_bytes'} if name == 'nnx' else set())
+  assert differing <= ({'peak_memory_in_bytes'} if name == 'nnx' else set())
   # And the model with remat differs from both: the check is not vacuous.
   with_remat = compile_costs(loss, *args)
   assert (with_remat.temp_bytes, with_remat.xla_flops) != (theirs.temp_bytes, theirs.xla_flops)

@@ -23,6 +23,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import remat_explorer as rx
 from remat_explorer import examples
 from remat_explorer.analysis.targets import device_memory, gpu_configs
+from remat_explorer.analysis.tradeoffs.compare import recompute_eliminated
 
 TARGETS = ('v5e:2x2', 'v4:2x2x1', 'h100:8')
 GIB = 1 << 30
@@ -194,6 +195,31 @@ def test_a_gpus_matmuls_count_whether_triton_or_cublas_runs_them():
   assert cpu.platform == 'cpu' and cublas.platform == 'gpu'
   assert triton.executed_flops == pytest.approx(cpu.executed_flops, rel=0.01)
   assert cublas.executed_flops == pytest.approx(cpu.executed_flops, rel=0.01)
+
+
+def test_a_gpu_merging_matmuls_is_not_taken_for_a_merged_recompute():
+  """XLA:GPU merges matmuls that share an operand (a layer's query, key and
+  value projections), so its optimized program has fewer matmuls whether or
+  not it kept the recompute. The FLOPs it executes decide: under the
+  barrier the recompute runs (no flag, though matmuls were merged); with no
+  lowering XLA drops it, and says so."""
+  mesh = rx.target_mesh('h100')
+  loss, args = examples.transformer(use_scan=False, num_layers=2, d_model=256, seq_len=256,
+                                    batch=4, seed=int(np.random.default_rng(7).integers(1000)))
+  args = jax.tree_util.tree_map(
+      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, P())), args)
+  policy = jax.checkpoint_policies.nothing_saveable
+  flags = {}
+  for lowering in ('barrier', 'none'):
+    costs = rx.compile_costs(loss, *args, policy=policy, lowering=lowering)
+    report = rx.analyze(loss, *args, policy=policy, lowering=lowering)
+    assert costs.compiled_matmuls < costs.lowered_matmuls
+    flags[lowering] = recompute_eliminated(report, costs)
+    executed = costs.executed_flops - (report.forward_flops + report.backward_flops)
+    if lowering == 'barrier':
+      assert abs(executed) < 0.05 * report.recompute_flops
+  assert flags['barrier'] is None
+  assert flags['none'] is not None and 'fewer than' in flags['none']
 
 
 def test_the_timeline_follows_the_tpus_on_chip_heap_where_xla_does():

@@ -88,6 +88,8 @@ _PER_ELEMENT: dict[str, tuple[int, int]] = {
     'atanh': (6, 2), 'erf_inv': (37, 2), 'erfc': (60, 1), 'lgamma': (52, 4),
     'digamma': (73, 3), 'bessel_i0e': (83, 1), 'bessel_i1e': (83, 1),
     'nextafter': (23, 0),
+    # JAX 0.11's 1 - x**2 (tanh's derivative), lowered as (1 + x) * (1 - x).
+    'one_minus_square': (3, 0),
 }
 _FREE = _Cost()
 _SCAN_BLOCK = 16  # the base length of XLA's ReduceWindowRewriter on CPU
