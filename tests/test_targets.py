@@ -77,11 +77,37 @@ def test_target_meshes_hold_the_devices_and_memory_of_each_target():
   assert rx.target_mesh('v5e:2x2').devices.flat[0] is v5e.devices.flat[0]
 
 
+def test_a_config_captured_by_a_newer_jaxlib_loads_without_what_xla_does_not_know():
+  """The H200's config was captured from a live H200 by JAX 0.11.2's jaxlib;
+  XLA's parser refuses a field it does not know, so an older XLA would
+  fail on it. The fields it refuses are left out, and a config the user
+  registered says which; a field XLA knows is never dropped."""
+  shipped = gpu_configs.gpu_target('h200')
+  h200 = rx.target_mesh('h200:2')
+  assert {d.device_kind for d in h200.devices.flat} == {'NVIDIA H200'}
+  assert device_memory.device_memory_bytes(h200.devices.flat[0]) == shipped.memory_bytes
+  # A registered copy with a field no XLA knows: dropped, and said.
+  made_up = shipped.config.replace('  core_count: 132\n',
+                                   '  core_count: 132\n  made_up_field: 7\n')
+  rx.register_gpu_target('h200_copy', made_up)
+  with pytest.warns(UserWarning, match='made_up_field'):
+    copy = rx.target_mesh('h200_copy:2')
+  assert {d.device_kind for d in copy.devices.flat} == {'NVIDIA H200'}
+  # What is left is the config less that field: the same compiled figures.
+  w, x = _stack(h200, layers=2, seed=9)
+  w2, x2 = _stack(copy, layers=2, seed=9)
+  a, b = rx.compile_costs(_loss(), w, x), rx.compile_costs(_loss(), w2, x2)
+  assert (a.peak_bytes, a.executed_flops) == (b.peak_bytes, b.executed_flops)
+  assert gpu_configs.without_field(made_up, 'made_up_field') == shipped.config
+  assert 'cuda_compute_capability' not in gpu_configs.without_field(
+      shipped.config, 'cuda_compute_capability')
+
+
 def test_targets_refuse_what_they_cannot_make_in_one_line(monkeypatch):
   cases = [
       (('v5e:2x2', {'data': 3}), "'v5e:2x2' has 4 devices, but axes {'data': 3} make 3"),
       (('v5e:3x3',), "libtpu has no TPU topology 'v5e:3x3'"),
-      (('h200:8',), 'rx.gpu_target_config()'),
+      (('b200:8',), 'rx.gpu_target_config()'),
       (('gtx9000',), 'known GPUs: a100'),
       (('v5e:2x2', {'data': 0}), 'axes must map axis names to sizes'),
   ]

@@ -361,8 +361,10 @@ def compile_only_cuda_devices(topology: str, target_config: str) -> list:
   ``GpuTargetConfig`` text proto)."""
   global _own_cuda_plugin
   initialize_backends_quietly()
+  # XLA's notices (a config field it does not know) go with an error raised.
   if 'cuda' in _xb._topology_factories:  # JAX registered the plugin
-    made = _xb.make_pjrt_topology('cuda', '', topology=topology, target_config=target_config)
+    made, _ = _quietly(lambda: _xb.make_pjrt_topology(
+        'cuda', '', topology=topology, target_config=target_config))
   else:
     if _own_cuda_plugin is None:
       library = cuda_plugin_library()
@@ -370,8 +372,8 @@ def compile_only_cuda_devices(topology: str, target_config: str) -> list:
         raise ModuleNotFoundError('no CUDA plugin for JAX is installed')
       _own_cuda_plugin, _ = _quietly(
           lambda: _xla_client.load_pjrt_plugin_dynamically('cuda', str(library)))
-    made = _xla_client.make_c_api_device_topology(
-        _own_cuda_plugin, '', topology=topology, target_config=target_config)
+    made, _ = _quietly(lambda: _xla_client.make_c_api_device_topology(
+        _own_cuda_plugin, '', topology=topology, target_config=target_config))
   return list(made._make_compile_only_devices())
 
 

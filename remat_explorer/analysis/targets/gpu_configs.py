@@ -2,8 +2,8 @@
 
 XLA's GPU compiler needs a ``GpuTargetConfig`` (compute capability, memory,
 cores, caches) to compile for a GPU it cannot query. The package ships
-OpenXLA's configs of common GPUs (``gpu_specs/``, its README names the
-source); a config captured from a live GPU (``gpu_target_config()``) is
+OpenXLA's configs of common GPUs and one captured from a live H200
+(``gpu_specs/``, its README names the sources); a config captured from a live GPU (``gpu_target_config()``) is
 registered under a name of the user's with ``register_gpu_target``.
 """
 
@@ -21,6 +21,8 @@ class GpuTarget:
   name: str
   config: str
   """The ``GpuTargetConfig`` text proto."""
+  shipped: bool = False
+  """One of the package's configs (not one the user registered)."""
 
   @property
   def device_kind(self) -> str:
@@ -34,12 +36,12 @@ class GpuTarget:
     return int(m.group(1)) if m else None
 
 
-_SHIPPED = ('h100_sxm', 'h100_pcie', 'a100_sxm_80', 'a100_sxm_40')
+_SHIPPED = ('h100_sxm', 'h100_pcie', 'a100_sxm_80', 'a100_sxm_40', 'h200')
 _ALIASES = {'h100': 'h100_sxm', 'a100': 'a100_sxm_80', 'a100_80gb': 'a100_sxm_80',
             'a100_40gb': 'a100_sxm_40'}
 _registered: dict[str, GpuTarget] = {}
 
-KNOWN_WITHOUT_CONFIG = ('h200', 'b200')
+KNOWN_WITHOUT_CONFIG = ('b200',)
 """GPUs users ask for whose configs OpenXLA does not publish: each needs one
 captured on the GPU itself (``gpu_target_config()``) and registered."""
 
@@ -77,9 +79,36 @@ def gpu_target(name: str) -> GpuTarget | None:
   if name in _SHIPPED:
     text = importlib.resources.files(__package__).joinpath(
         'gpu_specs', f'{name}.txtpb').read_text()
-    return GpuTarget(name, text)
+    return GpuTarget(name, text, shipped=True)
   return None
 
 
 def gpu_target_names() -> list[str]:
   return sorted({*_SHIPPED, *_ALIASES, *_registered})
+
+
+def unknown_field(error: Exception) -> str | None:
+  """The field of a target config that XLA's parser refused as unknown, as
+  its error (or the notice captured beside it) names it."""
+  text = ' '.join([str(error), *getattr(error, '__notes__', ())])
+  m = re.search(r'has no field named "(\w+)"', text)
+  return m.group(1) if m else None
+
+
+def without_field(config: str, field: str) -> str:
+  """`config` (a text proto) with every ``field: value`` line and every
+  ``field { ... }`` block of that name removed."""
+  out, depth = [], 0
+  for line in config.splitlines():
+    stripped = line.strip()
+    if depth:
+      depth += stripped.count('{') - stripped.count('}')
+      continue
+    if re.match(rf'{field}\s*:', stripped):
+      continue
+    if re.match(rf'{field}\s*\{{', stripped):
+      depth = stripped.count('{') - stripped.count('}')
+      continue
+    out.append(line)
+  return '\n'.join(out) + '\n'
+

@@ -12,6 +12,7 @@ allocated here.
 from __future__ import annotations
 
 import math
+import warnings
 import re
 from collections.abc import Mapping
 
@@ -92,7 +93,23 @@ def _gpu_devices(target: str, name: str, hosts: int, per_host: int) -> list:
     raise ModuleNotFoundError(
         f'compiling for {target!r} needs JAX\'s CUDA plugin: '
         'pip install "remat_explorer[cuda]"')
-  devices = engine.compile_only_cuda_devices(f'1x{hosts}x{per_host}', gpu.config)
+  config, dropped = gpu.config, []
+  while True:
+    try:
+      devices = engine.compile_only_cuda_devices(f'1x{hosts}x{per_host}', config)
+      break
+    except Exception as e:
+      # A config captured with a newer jaxlib may name fields this XLA does
+      # not know: each is left out, and the user told.
+      field = gpu_configs.unknown_field(e)
+      if field is None or field in dropped:
+        raise
+      config = gpu_configs.without_field(config, field)
+      dropped.append(field)
+  if dropped and not gpu.shipped:  # the shipped H200's: known, see gpu_specs/
+    warnings.warn(f'the target config of {name!r} names fields this JAX\'s XLA does not '
+                  f'know, left out: {", ".join(dropped)} (a config captured with a newer '
+                  'jaxlib).', stacklevel=3)
   device_memory.note_compile_only_devices(devices, gpu.memory_bytes)
   return devices
 
