@@ -185,7 +185,9 @@ def test_mlp_named_policies_save_between_nothing_and_everything():
   everything = mlp_residual_bytes(policies.everything_saveable)
   pre = mlp_residual_bytes(policies.save_only_these_names('pre_activation'))
   out = mlp_residual_bytes(policies.save_only_these_names('layer_output'))
-  assert nothing < pre < everything
+  # From JAX 0.11 tanh's derivative keeps 1 - tanh**2, one stack like the
+  # pre-activations: saving everything can cost what saving those does.
+  assert nothing < pre <= everything
   assert nothing <= out <= everything
   sizes = SMALL['mlp']
   stack = sizes['num_layers'] * sizes['batch'] * sizes['width'] * 4
