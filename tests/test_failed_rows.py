@@ -63,3 +63,21 @@ def test_jax_traceback_note_is_left_out():
   assert 'reshape' in summary
   first = error_summary(e, one_line=True)
   assert '\n' not in first and summary.startswith(first.rstrip(' …'))
+
+
+def test_a_row_whose_policy_names_nothing_in_the_program_says_so():
+  """A misspelt checkpoint name saves nothing it was meant to save: the row
+  says so, as the analysis (and the Explorer's policy box) does, naming the
+  names the program has; a correctly spelt name gives no such warning."""
+  from remat_explorer import examples
+  loss, args = examples.mlp(num_layers=3, width=32, batch=8, seed=11)
+  comparison = compare(loss, *args, policies=["save_only_these_names('pre_activaton')",
+                                              "save_only_these_names('pre_activation')"],
+                       suggest_lowering=False)
+  typo = comparison.row("save_only_these_names('pre_activaton')")
+  (warning,) = [w for w in typo.warnings if 'do not occur in the program' in w]
+  assert 'pre_activaton' in warning and 'pre_activation' in warning.split('names in the program')[1]
+  spelt = comparison.row("save_only_these_names('pre_activation')")
+  assert not [w for w in spelt.warnings if 'do not occur' in w]
+  # What the row saves is what saving nothing saves: the warning is why.
+  assert typo.residual_bytes < spelt.residual_bytes

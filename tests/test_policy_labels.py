@@ -85,6 +85,16 @@ def test_a_users_lambda_is_labelled_by_its_line():
   assert describe_policy(my_policy) == 'my_policy'
 
 
+def test_a_checkpoint_name_written_without_quotes_is_told_to_be_quoted():
+  from remat_explorer.analysis.policies.policy_text import parse_policy
+  with pytest.raises(ValueError, match=r"quote them, as in save_only_these_names\('mlp_hidden'\)"):
+    parse_policy('save_only_these_names(mlp_hidden)')
+  with pytest.raises(ValueError, match=r"save_only_these_names\('qkv', 'k'\)\.$"):
+    parse_policy("save_from_both_policies(dots_saveable, save_only_these_names(qkv, 'k'))")
+  # A policy's own name stays a policy: not a name to quote.
+  parse_policy('save_from_both_policies(dots_saveable, nothing_saveable)')
+
+
 def test_the_source_of_every_answer_defines_policy():
   """Code pasted from "as written" or "no remat" runs and binds ``policy``."""
   from remat_explorer.analysis import NO_REMAT, policy_source

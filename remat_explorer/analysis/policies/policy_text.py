@@ -63,6 +63,7 @@ def _evaluate(node, text):
     if name not in FACTORIES:
       raise ValueError(f'{text!r}: {name} is a policy already, not a factory: '
                        f'write {name} without parentheses.')
+    _names_are_quoted(name, node, text)
     args = [_argument(a, text) for a in node.args]
     kwargs = {k.arg: _argument(k.value, text) for k in node.keywords}
     if any(k is None for k in kwargs):
@@ -72,6 +73,29 @@ def _evaluate(node, text):
     except (TypeError, ValueError) as e:
       raise ValueError(f'{text!r}: {e}') from None
   raise ValueError(f'{text!r}: {ast.unparse(node)!r} is not a policy. ' + _ACCEPTED)
+
+
+def _names_are_quoted(factory: str, call, text) -> None:
+  """A factory of names given a bare word (``save_only_these_names(qkv)``)
+  was given a name without its quotes: say so, with the call quoted."""
+  if 'names' not in factory:
+    return
+  given = [*call.args, *(k.value for k in call.keywords)]
+  given += [e for a in given if isinstance(a, (ast.List, ast.Tuple, ast.Set)) for e in a.elts]
+  bare = {a.id for a in given
+          if isinstance(a, ast.Name) and not hasattr(jax.checkpoint_policies, a.id)}
+  if bare:
+    quoted = ast.unparse(_QuoteNames(bare).visit(call))
+    raise ValueError(f'{text!r}: checkpoint names are strings: quote them, as in '
+                     f'{quoted}.')
+
+
+class _QuoteNames(ast.NodeTransformer):
+  def __init__(self, names):
+    self.names = names
+
+  def visit_Name(self, node):
+    return ast.Constant(node.id) if node.id in self.names else node
 
 
 def _argument(node, text):

@@ -1,4 +1,5 @@
-"""What is wrong with a comparison row's figures, in words: a checkpointed
+"""What is wrong with a comparison row's figures, in words: the analysis'
+warnings of its policy (names the program does not have), a checkpointed
 scan whose temporaries its schedule does not explain, FLOPs that are a
 range or unknown, a peak that did not drop below no remat's (with the
 residuals that hold it up), and what the lowering that keeps a merged
@@ -25,7 +26,10 @@ def _row_warnings(row, baseline) -> list[str]:
   explain; a policy whose compiled peak is not below no remat's, with the
   residuals that hold it up (and XLA's merge of the recompute, if any)."""
   layouts = [c.temp_warning for c in row.scan_layouts if c.temp_warning]
-  return (layouts + _unknown_flops_warnings(row) + _branch_warnings(row)
+  # The analysis' own warnings first: a policy naming values the program
+  # does not have (a typo) saves nothing it was meant to.
+  analysis = list(row.report.warnings) if row.report is not None else []
+  return (analysis + layouts + _unknown_flops_warnings(row) + _branch_warnings(row)
           + _peak_warnings(row, baseline) + _kept_recompute_warnings(row))
 
 
