@@ -183,7 +183,8 @@ def report_main(argv=None) -> int:
     shown = AS_WRITTEN_NO_REMAT
 
   def progress(done, total, label):
-    print(f'[{done}/{total}] compiled under {label} '
+    extra = ' · lowering ' in label  # compiled besides a row: XLA merged its recompute
+    print(f'{"  also" if extra else f"[{done}/{total}]"} compiled under {label} '
           f'({time.perf_counter() - start:.1f} s)', flush=True)
   comparison = compare(loss_fn, *fn_args, policies=policies, lowering=args.lowering,
                        progress=progress)

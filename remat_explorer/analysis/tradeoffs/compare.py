@@ -287,9 +287,11 @@ def _run(jobs: dict[str, tuple], args, common, parallel, progress, repeats,
   waiting: dict = {}  # compile future -> (label, whether it is a suggestion)
 
   def done(label):
+    # Rows done of the rows asked for: a total that never moves. A lowering
+    # compiled besides a row (``label · lowering cond``) is told as it lands,
+    # the count unchanged: whether it is needed is known only then.
     if progress is not None:
-      progress(len(costs) + len(failed) + len(kept),
-               len(jobs) + sum(1 for _, s in waiting.values() if s) + len(kept), label)
+      progress(len(costs) + len(failed), len(jobs), label)
 
   def fail(label, fn, e):
     # A row that cannot be traced, analyzed or compiled fails; the others go on.
