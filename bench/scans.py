@@ -9,6 +9,13 @@ float32 state, a 64 x 64 weight closed over by the step), under:
 * diffrax's ``diffeqsolve`` with ``RecursiveCheckpointAdjoint(checkpoints=s)``
   (the same Euler steps, as an ODE solve).
 
+With ``--data``, the step also reads row ``i`` of a data set it closes
+over, as a neural ODE over a data set is written: ``h + 0.05 tanh((h +
+D[i]) W)``, `D` a concrete ``(n, 32, 128)`` float32 array (4,096 x 32 x 128
+is 64 MiB), the state 32 x 128 and `i` carried beside it. The data is a
+constant of the program: where the step is traced into several loops, XLA
+may copy it into each.
+
 Each row runs in its own process (so the compile's memory is its own) and
 reports: compile time, the process's peak memory growth while compiling
 (``ru_maxrss``), XLA's temp bytes, the step evaluations one gradient makes
@@ -19,7 +26,7 @@ checkpointed loop with the same `s`, measured in the same run: the targets
 are compile <= 1.5x, temp <= 1.25x, evaluations <= 1x, run time <= 1.2x.
 
     .venv/bin/python bench/scans.py [--steps 256 1024 10000] [--checkpoints 4 8]
-                                    [--repeats 5] [--json PATH]
+                                    [--repeats 5] [--json PATH] [--data]
 """
 
 from __future__ import annotations
@@ -44,9 +51,14 @@ PER_S = ('ours: binomial', 'equinox checkpointed', 'diffrax recursive checkpoint
 
 # -- one row, in its own process ------------------------------------------------
 
-def _gradient_function(method: str, n: int, s: int, count=None):
+def _sizes(data: bool) -> tuple[int, int]:
+  return (32, 128) if data else (BATCH, HIDDEN)
+
+
+def _gradient_function(method: str, n: int, s: int, count=None, data=None):
   """``grad`` of the loss w.r.t. (weight, initial state) under `method`;
-  `count` (a callable) is called once per step evaluation when given."""
+  `count` (a callable) is called once per step evaluation when given;
+  `data` (an ``(n, batch, hidden)`` array), read a row per step."""
   import jax
   import jax.numpy as jnp
   from jax import lax
@@ -57,8 +69,14 @@ def _gradient_function(method: str, n: int, s: int, count=None):
     return jnp.tanh(h @ w)
 
   def loss(w, h0):
-    def step(h, _):
-      return h + RATE * vector_field(h, w), None
+    if data is None:
+      def step(h, _):
+        return h + RATE * vector_field(h, w), None
+    else:  # the carry is (i, h): the step reads row i of the data it closes over
+      def step(carry, _):
+        i, h = carry
+        return (i + 1, h + RATE * vector_field(h + data[i], w)), None
+      h0 = (0, h0)
 
     if method == 'lax.scan (no remat)':
       h, _ = lax.scan(step, h0, length=n)
@@ -72,6 +90,8 @@ def _gradient_function(method: str, n: int, s: int, count=None):
       import equinox.internal as eqxi
       _, h = eqxi.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, step(c[1], None)[0]),
                              (0, h0), max_steps=n, kind='checkpointed', checkpoints=s)
+    elif method == 'diffrax recursive checkpoint' and data is not None:
+      raise ValueError('the diffrax row has no --data form')
     elif method == 'diffrax recursive checkpoint':
       import diffrax
       solution = diffrax.diffeqsolve(
@@ -82,19 +102,23 @@ def _gradient_function(method: str, n: int, s: int, count=None):
       h = solution.ys[-1]
     else:
       raise ValueError(method)
+    h = h if data is None else h[1]
     return jnp.mean(h ** 2)
 
   return jax.jit(jax.grad(loss, argnums=(0, 1)))
 
 
-def measure_one(method: str, n: int, s: int, repeats: int) -> dict:
+def measure_one(method: str, n: int, s: int, repeats: int, with_data: bool = False) -> dict:
   import jax
   import numpy as np
 
   rng = np.random.default_rng(0)
-  w = jax.numpy.asarray(rng.standard_normal((HIDDEN, HIDDEN)) / HIDDEN ** 0.5, 'float32')
-  h0 = jax.numpy.asarray(rng.standard_normal((BATCH, HIDDEN)), 'float32')
-  grad = _gradient_function(method, n, s)
+  batch, hidden = _sizes(with_data)
+  w = jax.numpy.asarray(rng.standard_normal((hidden, hidden)) / hidden ** 0.5, 'float32')
+  h0 = jax.numpy.asarray(rng.standard_normal((batch, hidden)), 'float32')
+  data = (jax.numpy.asarray(rng.standard_normal((n, batch, hidden)), 'float32')
+          if with_data else None)
+  grad = _gradient_function(method, n, s, data=data)
 
   lowered = grad.lower(w, h0)
   rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -116,13 +140,13 @@ def measure_one(method: str, n: int, s: int, repeats: int) -> dict:
   def count():
     evaluations[0] += 1
 
-  jax.block_until_ready(_gradient_function(method, n, s, count)(w, h0))
+  jax.block_until_ready(_gradient_function(method, n, s, count, data)(w, h0))
   jax.effects_barrier()
-  reference = _gradient_function('lax.scan (no remat)', n, s)(w, h0)
+  reference = _gradient_function('lax.scan (no remat)', n, s, data=data)(w, h0)
   error = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))
                     / (np.max(np.abs(np.asarray(b))) or 1.0))
               for a, b in zip(result, reference))
-  return dict(method=method, n=n, s=s, compile_s=compile_s, compile_rss_mib=compile_rss / 1024,
+  return dict(method=method, n=n, s=s, data=with_data, compile_s=compile_s, compile_rss_mib=compile_rss / 1024,
               temp_bytes=temp, evaluations=evaluations[0],
               run_s=statistics.median(times) if times else None, grad_error=error,
               jax=jax.__version__, device=jax.devices()[0].device_kind)
@@ -130,9 +154,9 @@ def measure_one(method: str, n: int, s: int, repeats: int) -> dict:
 
 # -- the table ------------------------------------------------------------------------
 
-def run_row(method, n, s, repeats, timeout):
+def run_row(method, n, s, repeats, timeout, data=False):
   command = [sys.executable, __file__, '--one', method, '--steps', str(n),
-             '--checkpoints', str(s), '--repeats', str(repeats)]
+             '--checkpoints', str(s), '--repeats', str(repeats)] + (['--data'] if data else [])
   try:
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
   except subprocess.TimeoutExpired:
@@ -150,10 +174,13 @@ def main():
   parser.add_argument('--repeats', type=int, default=5)
   parser.add_argument('--timeout', type=int, default=600, help='seconds per row')
   parser.add_argument('--json', type=Path, help='write every row here')
+  parser.add_argument('--data', action='store_true',
+                      help='the step reads a row of an (n, 32, 128) data set it closes over')
   parser.add_argument('--one', help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args.one:
-    print(json.dumps(measure_one(args.one, args.steps[0], args.checkpoints[0], args.repeats)))
+    print(json.dumps(measure_one(args.one, args.steps[0], args.checkpoints[0], args.repeats,
+                                 args.data)))
     return
 
   import remat_explorer as rx
@@ -165,7 +192,9 @@ def main():
   for n in args.steps:
     for s_index, s in enumerate(args.checkpoints):
       methods = (PLAIN if s_index == 0 else ()) + PER_S
-      rows = [run_row(m, n, s, args.repeats, args.timeout) for m in methods]
+      if args.data:  # diffrax's ODE term has no step counter to read the data by
+        methods = tuple(m for m in methods if not m.startswith('diffrax'))
+      rows = [run_row(m, n, s, args.repeats, args.timeout, args.data) for m in methods]
       equinox = next((r for r in rows if r['method'] == 'equinox checkpointed'
                       and 'error' not in r), None)
       for r in rows:

@@ -220,3 +220,35 @@ def test_unroll_reaches_the_loops_over_steps():
   # segment's loop over its steps gets 2.
   assert sorted((e.params['length'], e.params['unroll']) for e in scans) == [(3, 2), (4, 1)]
   assert_close(f(0.5), jax.lax.scan(step, 0.5, xs))
+
+
+def test_binomial_data_the_step_closes_over_is_one_constant_of_the_program():
+  """A step that reads row i of a data set it closes over (a concrete array,
+  so a constant of the program): values and gradients are lax.scan's, and
+  the compiled gradient holds the data once, as XLA would not if the step
+  carried it into each of its loops (each loop body would hold a copy)."""
+  rng = np.random.default_rng(2024)
+  n, batch, width = 64, 4, 16
+  data = jnp.asarray(rng.standard_normal((n, batch, width)), jnp.float32)
+  w = jnp.asarray(rng.standard_normal((width, width)) / width ** 0.5, jnp.float32)
+  h0 = jnp.asarray(rng.standard_normal((batch, width)), jnp.float32)
+
+  def loss(scan):
+    def f(w, h0):
+      def step(carry, _):
+        i, h = carry
+        return (i + 1, h + 0.1 * jnp.tanh((h + data[i]) @ w)), None
+      (_, h), _ = scan(step, (0, h0))
+      return jnp.sum(h ** 2)
+    return f
+
+  ours = loss(lambda f, c: rx.checkpointed_scan(f, c, length=n, schedule=('binomial', 3)))
+  theirs = loss(lambda f, c: jax.lax.scan(f, c, length=n))
+  grad = jax.jit(jax.value_and_grad(ours, argnums=(0, 1)))
+  value, grads = grad(w, h0)
+  expected_value, expected = jax.value_and_grad(theirs, argnums=(0, 1))(w, h0)
+  np.testing.assert_allclose(value, expected_value, rtol=1e-5)
+  for g, e in zip(grads, expected):
+    np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-6)
+  text = grad.lower(w, h0).compile().as_text()
+  assert text.count(f'f32[{n},{batch},{width}]{{2,1,0}} constant(') == 1

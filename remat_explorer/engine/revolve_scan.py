@@ -12,10 +12,14 @@ copy of the step per pass whatever `n`, at most `s` carries plus one step's
 working set (the loop itself orders the recompute: no barrier is needed),
 and evaluates the step exactly ``n + p(n, s)`` times.
 
-Values the step closes over are hoisted with ``jax.closure_convert`` and
-passed once, as arguments whose cotangents the backward pass accumulates.
-Only inexact leaves are differentiated: integer parts of the carry, `xs`
-or the outputs ride along and get no cotangent.
+Every array the step closes over is hoisted out of it (``_hoisted``) and
+passed once, as an argument of the loops: one the differentiation may
+perturb (a traced inexact value) gets the cotangent the backward pass
+accumulates; any other (data the step reads, a concrete array) gets none.
+Left inside the step, a closed-over array would be a constant of each
+loop body the step is traced into, which XLA copies into each. Only
+inexact leaves are differentiated: integer parts of the carry, `xs` or the
+outputs ride along and get no cotangent.
 
 Refs the step closes over are read once before the loop; their values ride
 in the carry, so a snapshot holds them and the recompute writes nowhere,
@@ -34,6 +38,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from remat_explorer.engine import _jax_internals as jx
 from remat_explorer.engine import revolve
 from remat_explorer.engine.introspect import RECOMPUTE_SCOPE, branch_runs_scope
 from remat_explorer.engine.refs import step_on_ref_values
@@ -51,16 +56,36 @@ def revolve_scan(f, init, xs, n: int, s: int, *, reverse: bool, unroll, scope: s
   if refs:
     return _on_ref_values(refs, on_values, init, xs, n, s, reverse=reverse,
                           unroll=unroll, scope=scope)
-  step, consts = jax.closure_convert(f, init, x_example)
+  step, consts, data = _hoisted(f, init, x_example)
   schedule = _Schedule(step, n, s, reverse, unroll, scope)
 
   @jax.custom_vjp
-  def scan(consts, init, xs):
-    return lax.scan(lambda c, x: step(c, x, *consts), init, xs, length=n,
+  def scan(consts, data, init, xs):
+    return lax.scan(lambda c, x: step(c, x, *consts, *data), init, xs, length=n,
                     reverse=reverse, unroll=unroll)
 
   scan.defvjp(schedule.forward, schedule.backward)
-  return scan(consts, init, xs)
+  return scan(consts, data, init, xs)
+
+
+def _hoisted(f, init, x_example):
+  """``(step, consts, data)``: `f` as ``step(carry, x, *consts, *data)``,
+  every array it closes over an argument. `consts` are those the
+  differentiation may perturb (traced, inexact: ``jax.closure_convert``
+  hoists these alone), `data` every other (concrete arrays, integers)."""
+  closed, out_shape = jax.make_jaxpr(f, return_shape=True)(init, x_example)
+  out_tree = jax.tree_util.tree_structure(out_shape)
+  perturbed = [isinstance(c, jx.core.Tracer) and jnp.issubdtype(jnp.result_type(c), jnp.inexact)
+               for c in closed.consts]
+  data, consts = jx.partition_list(perturbed, closed.consts)
+  order = perturbed  # the jaxpr takes its constants in their own order
+
+  def step(carry, x, *args):
+    given, rest = list(args[:len(consts)]), list(args[len(consts):])
+    outs = jx.core.eval_jaxpr(closed.jaxpr, jx.merge_lists(order, rest, given),
+                              *jax.tree_util.tree_leaves((carry, x)))
+    return jax.tree_util.tree_unflatten(out_tree, outs)
+  return step, consts, data
 
 
 def _on_ref_values(refs, on_values, init, xs, n, s, **options):
@@ -93,14 +118,14 @@ class _Schedule:
     """The row of `xs` and of the outputs that step `pos` uses."""
     return self.n - 1 - pos if self.reverse else pos
 
-  def linearized(self, consts, carry, x):
+  def linearized(self, consts, data, carry, x):
     """``(new carry, y, vjp)`` of one step; `vjp` maps the cotangents of the
     inexact leaves of (new carry, y) to those of (consts, carry, x)."""
     carry_d, carry_rest = _inexact(carry)
     x_d, x_rest = _inexact(x)
 
     def differentiable(consts, carry_d, x_d):
-      out = self.step(carry_rest.merge(carry_d), x_rest.merge(x_d), *consts)
+      out = self.step(carry_rest.merge(carry_d), x_rest.merge(x_d), *consts, *data)
       out_d, out_rest = _inexact(out)
       return out_d, out_rest
 
@@ -110,18 +135,22 @@ class _Schedule:
 
   # -- forward pass ------------------------------------------------------------
 
-  def forward(self, consts, init, xs):
+  def forward(self, consts, data, init, xs):
+    # Through a barrier the data is no constant to XLA, which would copy a
+    # constant into each loop body that reads it (the forward and backward
+    # loops): one copy stands, read in place by both.
+    data = lax.optimization_barrier(data)
     table = jnp.asarray(self.table)
     ctrl = revolve.start(self.n, self.s, self.slots, table, jnp)
     snapshots = tree_map(lambda a: jnp.zeros((self.slots,) + a.shape, a.dtype).at[0].set(a),
                          init)
-    _, y_shape = jax.eval_shape(lambda c, x: self.step(c, x, *consts), init,
+    _, y_shape = jax.eval_shape(lambda c, x: self.step(c, x, *consts, *data), init,
                                 tree_map(lambda a: a[0], xs))
     ys = tree_map(lambda a: jnp.zeros((self.n,) + a.shape, a.dtype), y_shape)
 
     def advance(state, _):
       carry, ctrl, snapshots, ys = state
-      new, y = self.step(carry, _read(xs, self.row(ctrl.pos)), *consts)
+      new, y = self.step(carry, _read(xs, self.row(ctrl.pos)), *consts, *data)
       ys = _write(ys, self.row(ctrl.pos), y)
       ctrl, store, slot = revolve.after_advance(ctrl, self.s, table, jnp)
       return (new, ctrl, _store(snapshots, slot, new, store), ys), None
@@ -129,9 +158,9 @@ class _Schedule:
     (carry, ctrl, snapshots, ys), _ = lax.scan(
         advance, (init, ctrl, snapshots, ys), length=self.n - 1, unroll=self.unroll)
     # The last step's VJP comes first: linearize it now rather than again.
-    final, y, last_vjp = self.linearized(consts, carry, _read(xs, self.row(self.n - 1)))
+    final, y, last_vjp = self.linearized(consts, data, carry, _read(xs, self.row(self.n - 1)))
     ys = _write(ys, self.row(self.n - 1), y)
-    return (final, ys), (consts, xs, snapshots, ctrl, last_vjp)
+    return (final, ys), (consts, data, xs, snapshots, ctrl, last_vjp)
 
   # -- backward pass -----------------------------------------------------------
 
@@ -140,7 +169,7 @@ class _Schedule:
       return self._backward(residuals, cotangents)
 
   def _backward(self, residuals, cotangents):
-    consts, xs, snapshots, ctrl, last_vjp = residuals
+    consts, data, xs, snapshots, ctrl, last_vjp = residuals
     ct_final, ct_ys = cotangents
     table = jnp.asarray(self.table)
     ct_carry = _inexact(ct_final)[0]
@@ -155,7 +184,7 @@ class _Schedule:
     def turn(state, _):
       carry, ctrl, snapshots, ct_carry, g_consts, ct_xs = state
       with jax.named_scope(RECOMPUTE_SCOPE):
-        new, _, vjp = self.linearized(consts, carry, _read(xs, self.row(ctrl.pos)))
+        new, _, vjp = self.linearized(consts, data, carry, _read(xs, self.row(ctrl.pos)))
       reversing = ctrl.pos + 1 == ctrl.target
 
       def reverse_step(ct_carry, g_consts):
@@ -184,7 +213,7 @@ class _Schedule:
     state = (carry, ctrl, snapshots, ct_carry, g_consts, ct_xs)
     (_, _, _, ct_init, g_consts, ct_xs), _ = lax.scan(
         turn, state, length=turns, unroll=self.unroll)
-    return (g_consts, _inexact(snapshots)[1].cotangent_tree(ct_init),
+    return (g_consts, None, _inexact(snapshots)[1].cotangent_tree(ct_init),
             _inexact(xs)[1].cotangent_tree(ct_xs))
 
   def _output_cotangent(self, ct_carry, ct_ys, pos):
