@@ -40,7 +40,8 @@ from remat_explorer.engine.policies import (
     SaveAnyNamesButThese, SaveAnythingExceptTheseNames, Saveable, SaveFromBothPolicies,
     SaveOnlyTheseNames, checkpoint_policies)
 from remat_explorer.engine.refs import DEFAULT_REF_EFFECTS
-from remat_explorer.engine.primitive import SplitRecord, checkpoint_p, observe_splits
+from remat_explorer.engine.observe import SplitRecord, observe_splits
+from remat_explorer.engine.primitive import checkpoint_p
 from remat_explorer.engine.residuals import (ResidualOrigin, print_saved_residuals,
                                              residual_origins, saved_residuals)
 from remat_explorer.engine.scan import checkpointed_scan

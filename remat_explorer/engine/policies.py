@@ -227,3 +227,56 @@ checkpoint_policies = types.SimpleNamespace(
     save_from_both_policies=save_from_both_policies,
     save_and_offload_only_these_names=save_and_offload_only_these_names,
 )
+
+
+# -- a user's policy, as the split calls it ----------------------------------
+
+class _CheckedPolicy:
+  """A user's policy, with its failures explained in terms of `policy=`."""
+
+  def __init__(self, policy):
+    self.policy = policy
+
+  def __eq__(self, other):
+    return isinstance(other, _CheckedPolicy) and other.policy == self.policy
+
+  def __hash__(self):
+    return hash(self.policy)
+
+  def __call__(self, prim, *avals, **params):
+    try:
+      answer = self.policy(prim, *avals, **params)
+    except Exception as e:
+      # One line naming the policy, the primitive and what went wrong; the
+      # policy's own exception stays attached as the cause.
+      problem = str(e).splitlines()[0] if str(e) else ''
+      raise TypeError(
+          f'The remat policy {_policy_name(self.policy)} (the `policy=` argument of '
+          f'checkpoint) raised {type(e).__name__} when asked about primitive '
+          f'{prim.name!r}: {problem} (a policy is called as policy(prim, *avals, '
+          '**params))') from e
+    if not isinstance(answer, (bool, type(jx.Saveable), type(jx.Recompute),
+                               jx.Offloadable)):
+      raise TypeError(
+          f'The remat policy {_policy_name(self.policy)} (the `policy=` argument of '
+          f'checkpoint) returned {answer!r} of type {type(answer).__name__} '
+          f'for primitive {prim.name!r}; a policy must return a bool, or '
+          'Saveable, Recompute or Offloadable(src=..., dst=...) from '
+          'jax.ad_checkpoint.')
+    return answer
+
+
+def _policy_name(policy) -> str:
+  """A policy as its author would recognise it: its name, and where it
+  was written."""
+  code = getattr(policy, '__code__', None)
+  name = getattr(policy, '__qualname__', None)
+  if code is None or name is None:
+    return repr(policy)
+  return f'{name.rsplit("<locals>.", 1)[-1]} ({code.co_filename}:{code.co_firstlineno})'
+
+
+def checked_policy(policy):
+  """`policy` (None for the default) as the split calls it: a failure or a
+  wrong answer explained in terms of ``policy=``."""
+  return None if policy is None else _CheckedPolicy(policy)

@@ -21,14 +21,13 @@ eval, JVP, partial eval, transpose, vmap, DCE, lowering, state discharge.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import logging
-import threading
 
 from remat_explorer.engine import _jax_internals as jx
 from remat_explorer.engine.introspect import RECOMPUTE_SCOPE
 from remat_explorer.engine.lowering import DEFAULT_STRATEGY, lower_checkpoint
+from remat_explorer.engine.observe import note_derived, note_split
+from remat_explorer.engine.policies import checked_policy
 from remat_explorer.engine.refs import DEFAULT_REF_EFFECTS
 from remat_explorer.engine.residuals import log_residuals
 from remat_explorer.engine.split import split_jaxpr
@@ -94,7 +93,7 @@ def _bind_on(body, args, *, prevent_cse, derived_from=None, **params):
   """
   jaxpr = pe.convert_constvars_jaxpr(body.jaxpr)
   if derived_from is not None:
-    _note_derived(jaxpr, derived_from)
+    note_derived(jaxpr, derived_from)
   prevent_cse = _derived_prevent_cse(prevent_cse, before=(False,) * len(body.consts))
   return checkpoint_p.bind(*body.consts, *args, jaxpr=jaxpr,
                            prevent_cse=prevent_cse, **params)
@@ -148,9 +147,9 @@ def _partial_eval(trace, *tracers, jaxpr, prevent_cse, **params):
   """Run the known part of the block now; stage the rest for later."""
   _check_effects_can_be_split(jaxpr)
   in_unknowns = [not t.is_known() for t in tracers]
-  split = split_jaxpr(jaxpr, in_unknowns, _checked_policy(params['policy']),
+  split = split_jaxpr(jaxpr, in_unknowns, checked_policy(params['policy']),
                       params['ref_effects'])
-  _note_split(jaxpr, in_unknowns, split, params)
+  note_split(jaxpr, in_unknowns, split, params)
   known_outs, residuals = _run_forward_pass(split, tracers)
 
   staged_tracers = [t for t, used in zip(tracers, split.staged_inputs_used) if used]
@@ -200,80 +199,6 @@ def _stage(trace, jaxpr, params, in_tracers):
 pe.custom_partial_eval_rules[checkpoint_p] = _partial_eval
 
 
-# -- observing splits ----------------------------------------------------------
-#
-# The analysis layer asks "what did differentiation do to each block?" rather
-# than redoing it: while `observe_splits()` is active, every split taken by
-# the partial-eval rule is recorded, with the user's block it derives from.
-# A block nested in another is split twice: with its parent, by the parent's
-# policy (JAX's call rule, `_partial_eval_custom`), and again by its own
-# policy when the backward pass runs the parent's recompute (`_transpose`
-# partially evaluates the parent's staged body). Only the second goes through
-# `_partial_eval`; the halves of the first are noted as derived from the
-# block, so that the second is recorded as the block's.
-
-@dataclasses.dataclass(frozen=True)
-class SplitRecord:
-  block: core.Jaxpr
-  """The body of the block as the user's program holds it."""
-  jaxpr: core.Jaxpr
-  """The body that was split (the block's JVP, for reverse mode)."""
-  in_unknowns: tuple[bool, ...]
-  split: object
-  params: dict
-  lineage: tuple = ()
-  """``jaxpr``, then each jaxpr it was derived from (by JVP, vmap, DCE, or
-  a split from outside), ending with ``block``: what lets the analysis find
-  a nested block's own split from the call its parent's split left behind."""
-
-
-class _SplitObserver:
-  def __init__(self):
-    self.records: list[SplitRecord] = []
-    self.derived_from: dict[int, core.Jaxpr] = {}
-    self._keep_alive: list = []  # so that ids stay unique while observing
-
-  def lineage(self, jaxpr) -> tuple:
-    chain = [jaxpr]
-    while (id(chain[-1]) in self.derived_from
-           and not any(j is self.derived_from[id(chain[-1])] for j in chain)):
-      chain.append(self.derived_from[id(chain[-1])])
-    return tuple(chain)
-
-
-_observers = threading.local()
-
-
-def _active_observers() -> list:
-  return getattr(_observers, 'stack', [])
-
-
-@contextlib.contextmanager
-def observe_splits():
-  """Record every split taken while active; yields the list of records."""
-  observer = _SplitObserver()
-  _observers.stack = [*_active_observers(), observer]
-  try:
-    yield observer.records
-  finally:
-    _observers.stack = [o for o in _active_observers() if o is not observer]
-
-
-def _note_derived(new_jaxpr, from_jaxpr):
-  if new_jaxpr is from_jaxpr:
-    return
-  for observer in _active_observers():
-    observer.derived_from[id(new_jaxpr)] = from_jaxpr
-    observer._keep_alive.append(new_jaxpr)
-
-
-def _note_split(jaxpr, in_unknowns, split, params):
-  for observer in _active_observers():
-    lineage = observer.lineage(jaxpr)
-    observer.records.append(SplitRecord(
-        lineage[-1], jaxpr, tuple(in_unknowns), split, dict(params), lineage))
-
-
 def _check_effects_can_be_split(jaxpr):
   disallowed = jx.effects_remat_disallows(jaxpr.effects)
   if disallowed:
@@ -285,55 +210,6 @@ def _check_effects_can_be_split(jaxpr):
         f'{names} ({disallowed}). Move the effectful operation out of the checkpointed '
         'function, or use an effect that is allowed under remat '
         '(e.g. jax.debug.callback).')
-
-
-class _CheckedPolicy:
-  """A user's policy, with its failures explained in terms of `policy=`."""
-
-  def __init__(self, policy):
-    self.policy = policy
-
-  def __eq__(self, other):
-    return isinstance(other, _CheckedPolicy) and other.policy == self.policy
-
-  def __hash__(self):
-    return hash(self.policy)
-
-  def __call__(self, prim, *avals, **params):
-    try:
-      answer = self.policy(prim, *avals, **params)
-    except Exception as e:
-      # One line naming the policy, the primitive and what went wrong; the
-      # policy's own exception stays attached as the cause.
-      problem = str(e).splitlines()[0] if str(e) else ''
-      raise TypeError(
-          f'The remat policy {_policy_name(self.policy)} (the `policy=` argument of '
-          f'checkpoint) raised {type(e).__name__} when asked about primitive '
-          f'{prim.name!r}: {problem} (a policy is called as policy(prim, *avals, '
-          '**params))') from e
-    if not isinstance(answer, (bool, type(jx.Saveable), type(jx.Recompute),
-                               jx.Offloadable)):
-      raise TypeError(
-          f'The remat policy {_policy_name(self.policy)} (the `policy=` argument of '
-          f'checkpoint) returned {answer!r} of type {type(answer).__name__} '
-          f'for primitive {prim.name!r}; a policy must return a bool, or '
-          'Saveable, Recompute or Offloadable(src=..., dst=...) from '
-          'jax.ad_checkpoint.')
-    return answer
-
-
-def _policy_name(policy) -> str:
-  """A policy as its author would recognise it: its name, and where it
-  was written."""
-  code = getattr(policy, '__code__', None)
-  name = getattr(policy, '__qualname__', None)
-  if code is None or name is None:
-    return repr(policy)
-  return f'{name.rsplit("<locals>.", 1)[-1]} ({code.co_filename}:{code.co_firstlineno})'
-
-
-def _checked_policy(policy):
-  return None if policy is None else _CheckedPolicy(policy)
 
 
 def _partial_eval_custom_params(unks_in, inst_in, kept_outs_known, inst_out,
@@ -360,7 +236,7 @@ def _partial_eval_custom(saveable, unks_in, inst_in, eqn, **kwargs):
       'jaxpr', _partial_eval_custom_params, saveable, unks_in, inst_in, eqn,
       **kwargs)
   if eqn_staged is not None:
-    _note_derived(eqn_staged.params['jaxpr'], eqn.params['jaxpr'])
+    note_derived(eqn_staged.params['jaxpr'], eqn.params['jaxpr'])
   return (eqn_known, eqn_staged, *rest)
 
 pe.partial_eval_jaxpr_custom_rules[checkpoint_p] = _partial_eval_custom
@@ -499,7 +375,7 @@ def _has_real_effects(jaxpr) -> bool:
 
 def _pruned(eqn, body, used_inputs, used_outputs):
   """`eqn` running `body`, with only the used inputs and outputs."""
-  _note_derived(body, eqn.params['jaxpr'])
+  note_derived(body, eqn.params['jaxpr'])
   invars = [v for v, used in zip(eqn.invars, used_inputs) if used]
   outvars = [v for v, used in zip(eqn.outvars, used_outputs) if used]
   prevent_cse = _derived_prevent_cse(eqn.params['prevent_cse'], keep=used_inputs)
