@@ -335,11 +335,18 @@ def _check_explorer(page):
 
 
 def _cut_selects(explorer) -> list[str]:
-  """The dropdowns whose chosen option is wider than the room they give it."""
+  """The dropdowns whose chosen option is wider than the room they give it
+  and not given whole as their tooltip."""
   return explorer.evaluate("""(e) => {
     const measure = document.createElement('canvas').getContext('2d');
+    // ipywidgets puts a widget's tooltip on its element or on its label.
+    const tooltip = (s) => s.getAttribute('title')
+        || s.parentElement.querySelector('[title]')?.getAttribute('title')
+        || s.closest('[title]')?.getAttribute('title');
     return Array.from(e.querySelectorAll('select:not([multiple])'))
         .filter((s) => s.offsetParent !== null && s.selectedIndex >= 0)
+        // (ipywidgets writes an option's spaces as no-break spaces)
+        .filter((s) => tooltip(s) !== s.options[s.selectedIndex].text.replace(/\u00a0/g, ' '))
         .filter((s) => {
           const style = getComputedStyle(s);
           measure.font = style.font;
@@ -430,10 +437,45 @@ def test_explorer_in_jupyterlab(lab, browser, tmp_path):
   assert page.evaluate('navigator.clipboard.readText()') == code
   assert explorer.locator('.remat-copy-said').inner_text() == 'copied'
 
+  _check_stale_state_is_cleared(page, explorer)
   _check_nothing_cut_and_no_escapes(page, explorer)
 
   _check_compare_tab_is_readable(page, explorer)
   page.close()
+
+
+def _check_stale_state_is_cleared(page, explorer):
+  """An expression's error goes once another policy is chosen; a long
+  policy label leaves the dropdown its width (the full label on hover),
+  with the 'policy' and 'lowering' labels in view."""
+  field = explorer.locator('.remat-expression input')
+  field.fill('save_only_these_names(')
+  field.press('Enter')
+  error = explorer.locator('.remat-error')
+  error.wait_for(timeout=30_000)
+  explorer.locator('.remat-policy select').select_option('dots_saveable')
+  error.wait_for(state='detached', timeout=30_000)
+  names = ', '.join(repr(f'a_rather_long_checkpoint_name_{i}') for i in range(12))
+  long_policy = f'save_only_these_names({names})'
+  field.fill(long_policy)
+  field.press('Enter')
+  page.wait_for_function(
+      "([e, text]) => e.querySelector('.remat-policy select').value.startsWith(text)",
+      arg=[explorer.element_handle(), 'save_only_these_names('], timeout=30_000)
+  box = explorer.bounding_box()
+  select = explorer.locator('.remat-policy select').bounding_box()
+  assert select['width'] <= 600, select
+  for label in ('policy', 'lowering'):
+    shown = explorer.locator('.widget-label', has_text=label).first.bounding_box()
+    assert shown is not None and box['x'] <= shown['x'] <= box['x'] + box['width'], label
+  # The whole label on hover (ipywidgets puts the tooltip on the widget or
+  # on its label), once the kernel has sent it.
+  page.wait_for_function(
+      """([e, text]) => [e, ...e.querySelectorAll('[title]')].some(
+          (t) => (t.getAttribute('title') || '').startsWith(text)
+                 && t.getAttribute('title').length > 300)""",
+      arg=[explorer.locator('.remat-policy').element_handle(), 'save_only_these_names('],
+      timeout=30_000)
 
 
 def _screenshot(page, explorer, shot: Path) -> None:

@@ -214,6 +214,16 @@ def _saved_and_offloaded_in_closure(policy) -> frozenset[str]:
   return (sets[0] & sets[1]) if len(sets) >= 2 else frozenset()
 
 
+def _some(names: list[str], shown: int = 6) -> str:
+  """`names` joined, the first `shown` of a longer list and how many more."""
+  more = len(names) - shown
+  return ', '.join(names[:shown]) + (f' and {more} more' if more > 0 else '')
+
+
+def _shortened(label: str, length: int = 80) -> str:
+  return label if len(label) <= length else label[:length - 1] + '…'
+
+
 def policy_warnings(policies: Iterable, names_in_program: Iterable[str]) -> list[str]:
   """Warnings about `policies` (one per distinct policy) for this program."""
   names_in_program = set(names_in_program)
@@ -225,15 +235,16 @@ def policy_warnings(policies: Iterable, names_in_program: Iterable[str]) -> list
     seen.add(key)
     names, both = policy_names(policy)
     unmatched = sorted(names - names_in_program)
+    label = _shortened(describe_policy(policy))
     if unmatched:
-      known = ', '.join(sorted(names_in_program)) or 'none'
+      known = _some(sorted(names_in_program)) or 'none'
       warnings.append(
-          f'policy {describe_policy(policy)} refers to checkpoint_name(s) '
-          f'{", ".join(unmatched)} that do not occur in the program '
-          f'(names in the program: {known}); it cannot save those values.')
+          f'policy {label} refers to checkpoint_name(s) {_some(unmatched)} that do not '
+          f'occur in the program (names in the program: {known}); it cannot save those '
+          'values.')
     if both:
       warnings.append(
-          f'policy {describe_policy(policy)} lists {", ".join(sorted(both))} both to save '
+          f'policy {label} lists {_some(sorted(both))} both to save '
           'on the device and to offload; the saved list wins, so these values '
           'are not offloaded.')
   return warnings

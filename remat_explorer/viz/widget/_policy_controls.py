@@ -72,8 +72,14 @@ class PolicyControls:
     self._quiet = False  # set while the code moves a control
 
     options = list(self.policies) + ([NAMED] if self.names else [])
-    self.policy = w.Dropdown(options=options, value=written, description='policy',
-                             layout=w.Layout(width='auto'))
+    # As wide as its label, up to a bound: a found or typed policy's label
+    # may be hundreds of characters long; the whole label is its tooltip.
+    # (ipywidgets shows a dropdown's tooltip only where it has no
+    # description: its label is a widget beside it.)
+    self.policy = w.Dropdown(options=options, value=written,
+                             layout=w.Layout(width='auto', max_width='36em'))
+    self.policy_row = w.HBox([w.Label('policy'), self.policy])
+    self.policy_row.add_class('remat-policy-row')
     self.names_select = w.SelectMultiple(options=self.names, value=self.names[:1],
                                          description='names', rows=min(6, len(self.names) or 1),
                                          layout=w.Layout(display='none'))
@@ -232,10 +238,12 @@ class PolicyControls:
     self.policy.value = self.add(describe_policy(policy), policy)
 
   def _changed(self) -> None:
+    self.expression_note.value = ''  # an expression's error is about the choice it replaced
     self._show_state()
     self._on_change()
 
   def _show_state(self) -> None:
+    self.policy.tooltip = self.policy.value
     self.names_select.layout.display = (
         '' if NAMED in (self.base, *self.own.values()) else 'none')
     if self.own:

@@ -212,7 +212,8 @@ class Explorer:
     c = self.controls
     self.widget = w.VBox([
         w.HTML(_panels.CSS),
-        w.HBox([self.layout, self.policy, self.names_select, self.lowering, self.block],
+        w.HBox([self.layout, self.controls.policy_row, self.names_select, self.lowering,
+                self.block],
                layout=w.Layout(flex_flow='row wrap')),
         w.HBox([c.expression, c.expression_note, c.per_block, c.reset, c.copy],
                layout=w.Layout(flex_flow='row wrap', align_items='center')),
