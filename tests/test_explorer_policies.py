@@ -182,6 +182,28 @@ def test_every_choice_tried_is_a_row_of_the_comparison(explorer):
   e.wait(300)
 
 
+def test_the_names_picker_adds_the_names_picked_not_each_click(explorer):
+  """Names are picked a click at a time: what is compared is the pick, not
+  each set of names on the way to it; a choice of another kind stays."""
+  e = explorer
+  e.controls.select('as written')
+  e.policy.value = 'dots_saveable'
+  e.wait(300)
+  text = "save_from_both_policies(dots_saveable, save_only_these_names('scores'))"
+  e.controls.expression.value = text
+  e.wait(300)
+  e.policy.value = NAMED
+  for picked in (('scores',), ('hidden', 'scores'), ('hidden',)):
+    e.names_select.value = picked
+    e.wait(300)
+  tried = e.controls.tried  # the rows compared beside the built-ins
+  named = [label for label in tried if label.startswith('save_only_these_names(')]
+  assert named == ["save_only_these_names('hidden')"], sorted(tried)
+  assert text in tried and text in e.controls.comparison_rows()
+  e.controls.select('as written')
+  e.wait(300)
+
+
 def test_policy_source_writes_what_the_search_and_the_copy_write():
   assert policy_source(None).startswith('# The program as written')
   assert policy_source(NO_REMAT).startswith('# No remat')

@@ -64,6 +64,8 @@ class PolicyControls:
     """Every option of the dropdown but the names picker, by label."""
     self.tried: dict[str, object] = {}
     """Choices shown that are not built-ins, by label: rows to compare."""
+    self._picked_names: str | None = None
+    """The row the names picker added: its latest pick, not each click."""
     self.base = written
     """The option every block runs under, but those given their own."""
     self.own: dict[str, str] = {}
@@ -150,6 +152,12 @@ class PolicyControls:
     the code the copy button copies."""
     label = self.label()
     if label not in self.builtins:
+      if NAMED in (self.base, *self.own.values()):
+        # Picking names takes clicks: the row is the names picked, not
+        # each set on the way to them.
+        if self._picked_names not in (None, label):
+          self.tried.pop(self._picked_names, None)
+        self._picked_names = label
       self.tried[label] = self.choice()
     self.copy.code = policy_source(self.choice())
 
