@@ -885,6 +885,10 @@ def test_static_report_pans_and_zooms_its_diagram(browser, tmp_path, long_label_
   assert all(w > 100 for w in widths), widths
   assert re.search(r'Policies compared', page.inner_text('body'))
   assert '\x1b[' not in page.evaluate('document.body.textContent')
+  # The program listings are as readable as the charts' text.
+  listings = page.evaluate("Array.from(document.querySelectorAll('pre'))"
+                           ".map(p => parseFloat(getComputedStyle(p).fontSize))")
+  assert listings and min(listings) >= MIN_TEXT_PX, listings
 
   # The timeline lists what is live where the pointer is, from the page.
   from remat_explorer.analysis import live_at_peak

@@ -41,7 +41,7 @@ section { margin-bottom: 2.5em; }
 .warning { background: #fff4e5; border-left: 4px solid #f0a020; padding: 0.5em 1em; }
 table { border-collapse: collapse; font-size: 0.9em; }
 td, th { border: 1px solid #ddd; padding: 0.25em 0.6em; text-align: left; }
-pre { background: #f7f7f7; padding: 1em; overflow-x: auto; font-size: 0.8em; }
+pre { background: #f7f7f7; padding: 1em; overflow-x: auto; font-size: 12px; }
 details.remat-diagram { margin: 0.3em 0; }
 details.remat-diagram > summary { cursor: pointer; padding: 0.3em 0; font-weight: 600;
   overflow-wrap: anywhere; }
