@@ -78,6 +78,17 @@ def _unit(n: float, base: int, count: int) -> float:
   return scale
 
 
+def aval_bytes(aval) -> int:
+  """Bytes of an array of abstract value `aval` (0 for tokens and other
+  shapeless values; an extended dtype, such as a PRNG key's, by the item
+  size of its data where it gives one, else 4)."""
+  shape, dtype = getattr(aval, 'shape', None), getattr(aval, 'dtype', None)
+  if shape is None or dtype is None:
+    return 0
+  itemsize = getattr(dtype, 'itemsize', None)
+  return math.prod(int(d) for d in shape) * (4 if itemsize is None else itemsize)
+
+
 @functools.lru_cache(maxsize=None)
 def element_bits(type_name: str) -> int:
   """Bits of one element of the type named `type_name` the way jaxprs and

@@ -41,7 +41,8 @@ from remat_explorer.analysis.program.blocks import (BlockSite, PolicyChoice, bui
                                              describe_policy,
                                              policy_label)
 from remat_explorer.analysis.split.report import (
-    BlockReport, EquationCost, RecomputedEquation, RematReport, Residual, aval_bytes)
+    BlockReport, EquationCost, RecomputedEquation, RematReport, Residual)
+from remat_explorer.analysis.units import aval_bytes
 from remat_explorer.analysis.policies.policy_info import policy_warnings
 from remat_explorer.engine import (ResidualOrigin, checkpoint_p, name_of_named_value,
                                    observe_splits, reduce_precision_p, residual_origins,

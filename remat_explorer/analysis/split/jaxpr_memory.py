@@ -30,7 +30,6 @@ from XLA's compiled peak it lands).
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass, field
 
 from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Var, jaxprs_in_params
@@ -39,6 +38,7 @@ from remat_explorer.analysis.source.origins import CALL_PRIMITIVES
 from remat_explorer.analysis.split.backend import (GENERIC, Backend,
                                                    convolution_operands_to_copy,
                                                    reads_minor_broadcast)
+from remat_explorer.analysis.units import aval_bytes
 from remat_explorer.engine import in_backward_pass, in_recompute, scan_consts_and_carries
 
 # Equations XLA fuses with their producers and consumers: one output element
@@ -77,13 +77,8 @@ _IN_PLACE = frozenset('''
 
 
 def value_bytes(atom) -> int:
-  """Bytes of one value (0 for tokens and other shapeless values)."""
-  aval = atom.aval
-  shape, dtype = getattr(aval, 'shape', None), getattr(aval, 'dtype', None)
-  if shape is None or dtype is None:
-    return 0
-  itemsize = getattr(dtype, 'itemsize', None)  # extended dtypes: their data's
-  return math.prod(shape) * (4 if itemsize is None else itemsize)
+  """Bytes of one value of a jaxpr."""
+  return aval_bytes(atom.aval)
 
 
 def _as_jaxpr(jaxpr: Jaxpr | ClosedJaxpr) -> Jaxpr:

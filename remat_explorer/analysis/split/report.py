@@ -294,17 +294,6 @@ class RematReport:
     return out
 
 
-def aval_bytes(aval) -> int:
-  """Bytes of an array of this abstract value (0 for tokens and the like)."""
-  dtype = getattr(aval, 'dtype', None)
-  if dtype is None:
-    return 0
-  size = 1
-  for d in getattr(aval, 'shape', ()):
-    size *= int(d)
-  return size * dtype.itemsize
-
-
 def aval_text(aval) -> str:
   """``f32[8,128]``: an abstract value as jaxprs print it."""
   try:

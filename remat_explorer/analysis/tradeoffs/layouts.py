@@ -30,7 +30,8 @@ from jax.extend.core import Var, jaxprs_in_params
 
 from remat_explorer.analysis.split import flops as flop_count
 from remat_explorer.analysis.xla.costs import CompiledCosts
-from remat_explorer.analysis.split.report import RematReport, aval_bytes
+from remat_explorer.analysis.split.report import RematReport
+from remat_explorer.analysis.units import aval_bytes
 from remat_explorer.analysis.units import element_bits
 from remat_explorer.engine import (ScanScheduleCosts, ScanScope, parse_scan_scope,
                                    recomputes_primal, scan_schedule_costs)
