@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 from jax.extend import core
 
 from remat_explorer.analysis.source.origins import entry_function, user_site
+from remat_explorer.analysis.source.producers import scan_step
 from remat_explorer.analysis.policies.policy_info import NO_REMAT, describe_policy
 from remat_explorer.analysis.policies.policy_text import parse_policy
 from remat_explorer.engine import (DEFAULT_REF_EFFECTS, DEFAULT_STRATEGY, STRATEGIES,
@@ -252,7 +253,7 @@ def _construct(eqn) -> tuple[str, int | None]:
   """How an equation's sub-programs are shown in a path, and their trip count."""
   name = eqn.primitive.name
   if name == 'scan':
-    return f"scan×{eqn.params['length']}", eqn.params['length']
+    return scan_step(eqn.params['length']), eqn.params['length']
   if name == 'while':
     return 'while', None
   if name == 'jit':

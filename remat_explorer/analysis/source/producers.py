@@ -14,6 +14,25 @@ from remat_explorer.analysis.source.origins import (CodeSite, ModulePaths, call_
 from remat_explorer.engine import scan_consts_and_carries
 
 
+def scan_step(length: int) -> str:
+  """A scan over `length` steps as a step of a path of constructs
+  (``Producer.carried_out_of``, ``Block.path``): ``'scan×4'``."""
+  return f'scan×{length}'
+
+
+def is_scan_step(step: str) -> bool:
+  return step.startswith('scan×')
+
+
+def step_trips(step: str) -> int | None:
+  """How often what is inside a path's `step` runs per run of the step: a
+  scan's length; None for a ``while`` loop (no static count); once for any
+  other construct (a ``cond``, a ``jit`` call, a ``shard_map``)."""
+  if is_scan_step(step):
+    return int(step.removeprefix('scan×'))
+  return None if step == 'while' else 1
+
+
 @dataclasses.dataclass(frozen=True)
 class Producer:
   """The equation that computed a value, found by looking into bodies."""
@@ -108,7 +127,7 @@ def _into_body(eqn, k):
   if name == 'scan':
     body = params['jaxpr'].jaxpr
     out = _scan_value(body, body.outvars[k], *scan_consts_and_carries(params))
-    return body, out, f"scan×{params['length']}", _outer_input(eqn, body, out)
+    return body, out, scan_step(params['length']), _outer_input(eqn, body, out)
   if name == 'while':
     body = params['body_jaxpr'].jaxpr
     out = body.outvars[k]

@@ -35,7 +35,7 @@ from remat_explorer.analysis.program.keywords import check_keywords, entry_point
 from remat_explorer.analysis.source.origins import (ModulePaths, call_body, module_of_parameter,
                                              user_frames, user_frames_within, user_site,
                                              user_site_within)
-from remat_explorer.analysis.source.producers import trace_producer
+from remat_explorer.analysis.source.producers import step_trips, trace_producer
 from remat_explorer.analysis.program.problem import Problem
 from remat_explorer.analysis.program.blocks import (BlockSite, PolicyChoice, built_policy_choice,
                                              describe_policy,
@@ -282,11 +282,10 @@ def _stacked_producer_flops(producer) -> int | None:
   """What dropping a value a loop stacks would cost at least: its
   producer's FLOPs at every trip (None where a trip count is unknown)."""
   trips = 1
-  for label in producer.carried_out_of:
-    if label.startswith('scan×'):
-      trips *= int(label.removeprefix('scan×'))
-    elif label != 'cond':
+  for step in producer.carried_out_of:
+    if step_trips(step) is None:
       return None
+    trips *= step_trips(step)
   return trips * sum(flop_count.eqn_flops(e) for e in producer.computing_eqns())
 
 

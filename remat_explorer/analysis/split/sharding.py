@@ -34,6 +34,7 @@ from jax.extend import core
 from jax.sharding import NamedSharding
 
 from remat_explorer.analysis.context import note_compile
+from remat_explorer.analysis.source.producers import is_scan_step
 from remat_explorer.analysis.split.report import Residual
 from remat_explorer.engine import reduce_precision_p
 
@@ -126,7 +127,7 @@ def block_residuals_with_shardings(residuals: Sequence[Residual], path: Sequence
   """
   if any(step == 'shard_map' for step in path):
     return tuple(_with_local(r, SHARD_MAP_BODY, r.shape) for r in residuals)
-  scans = sum(step.startswith('scan×') for step in path)
+  scans = sum(map(is_scan_step, path))
   return tuple(_matched(r, program_residuals, shardings, {0, scans})
                for r in residuals)
 
