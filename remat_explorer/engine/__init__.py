@@ -43,7 +43,8 @@ from remat_explorer.engine.refs import DEFAULT_REF_EFFECTS
 from remat_explorer.engine.observe import SplitRecord, observe_splits
 from remat_explorer.engine.primitive import checkpoint_p
 from remat_explorer.engine.residuals import (ResidualOrigin, print_saved_residuals,
-                                             residual_origins, saved_residuals)
+                                             residual_origins, rounded_residuals,
+                                             saved_residuals)
 from remat_explorer.engine.scan import checkpointed_scan
 from remat_explorer.engine.scan_plans import ScanScheduleCosts, scan_schedule_costs
 from remat_explorer.engine.split import Split, split_jaxpr
@@ -52,7 +53,7 @@ __all__ = [
     'checkpoint', 'remat', 'checkpoint_name', 'checkpoint_policies',
     'saved_residuals', 'print_saved_residuals', 'checkpoint_p',
     'split_jaxpr', 'Split', 'lowering_strategy', 'Saveable', 'Recompute', 'Offloadable',
-    'observe_splits', 'SplitRecord', 'residual_origins', 'ResidualOrigin',
+    'observe_splits', 'SplitRecord', 'residual_origins', 'ResidualOrigin', 'rounded_residuals',
     'checkpointed_scan', 'scan_schedule_costs', 'ScanScheduleCosts',
     # Read by the analysis: lowering strategies, ref effects, policy classes.
     'STRATEGIES', 'DEFAULT_STRATEGY', 'check_strategy', 'current_strategy',

@@ -76,6 +76,13 @@ class ResidualOrigin:
   """``file:line (function)`` of the equation that produced it."""
 
 
+def rounded_residuals(jaxpr: core.Jaxpr) -> dict:
+  """Each value of `jaxpr` that is a ``reduce_precision`` of another (the
+  rounding a split puts on a residual), mapped to the value it rounds."""
+  return {e.outvars[0]: e.invars[0] for e in jaxpr.eqns
+          if e.primitive is jx.reduce_precision_p}
+
+
 def residual_origins(jaxpr: core.Jaxpr, arg_names: Sequence[str], *,
                      installed_jax_words: bool = False) -> list[ResidualOrigin]:
   """The origin of each output of `jaxpr`, taken to be the residuals.
@@ -92,8 +99,7 @@ def residual_origins(jaxpr: core.Jaxpr, arg_names: Sequence[str], *,
   # compare that output with JAX's line by line.
   # A reduce_precision inserted on a residual is bookkeeping: name the
   # value by the equation it rounds instead (as JAX does from 0.10.2).
-  rounded_from = {e.outvars[0]: e.invars[0] for e in jaxpr.eqns
-                  if e.primitive is jx.reduce_precision_p and through_rounding}
+  rounded_from = rounded_residuals(jaxpr) if through_rounding else {}
   # Before 0.10.2, JAX also named a value by the checkpoint_name reading it.
   named_by_reader = {} if through_rounding else {
       v: name for e in jaxpr.eqns if (name := jx.name_of_named_value(e))

@@ -45,7 +45,7 @@ from remat_explorer.analysis.split.report import (
 from remat_explorer.analysis.units import aval_bytes
 from remat_explorer.analysis.policies.policy_info import policy_warnings
 from remat_explorer.engine import (ResidualOrigin, checkpoint_p, name_of_named_value,
-                                   observe_splits, reduce_precision_p, residual_origins,
+                                   observe_splits, residual_origins, rounded_residuals,
                                    scan_consts_and_carries)
 
 
@@ -386,8 +386,8 @@ def _residual_positions(residual_part, split, record) -> dict[int, int]:
   """id of each residual's origin variable -> its input position in the
   staged jaxpr: the residual outputs in order (a rounded one by the value
   it rounds), then the block inputs the staged jaxpr reads."""
-  rounded_from = {id(e.outvars[0]): e.invars[0] for e in residual_part.eqns
-                  if e.primitive is reduce_precision_p}
+  rounded_from = {id(rounded): value
+                  for rounded, value in rounded_residuals(residual_part).items()}
   positions = {}
   for k, out in enumerate(residual_part.outvars):
     positions.setdefault(id(out), k)

@@ -36,7 +36,7 @@ from jax.sharding import NamedSharding
 from remat_explorer.analysis.context import note_compile
 from remat_explorer.analysis.source.producers import is_scan_step
 from remat_explorer.analysis.split.report import Residual
-from remat_explorer.engine import reduce_precision_p
+from remat_explorer.engine import rounded_residuals
 
 SHARD_MAP_BODY = 'per device (shard_map body)'
 """The sharding text of a block residual inside a ``shard_map``: its shape
@@ -71,9 +71,9 @@ def residual_positions(residual_jaxpr: core.Jaxpr, origins) -> list[int | None]:
   for k, v in enumerate(residual_jaxpr.outvars):
     if isinstance(v, core.Var):
       position.setdefault(v, k)
-  for eqn in residual_jaxpr.eqns:
-    if eqn.primitive is reduce_precision_p and eqn.outvars[0] in position:
-      position.setdefault(eqn.invars[0], position[eqn.outvars[0]])
+  for rounded, value in rounded_residuals(residual_jaxpr).items():
+    if rounded in position:
+      position.setdefault(value, position[rounded])
   literal_positions = iter(k for k, v in enumerate(residual_jaxpr.outvars)
                            if isinstance(v, core.Literal))
   return [next(literal_positions, None) if o.kind == 'literal'
