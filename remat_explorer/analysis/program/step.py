@@ -10,7 +10,8 @@ import jax
 import numpy as np
 
 from remat_explorer.analysis.cache import ResultCache
-from remat_explorer.analysis.program.blocks import policy_label
+from remat_explorer.analysis.program.blocks import built_policy_choice, policy_label
+from remat_explorer.analysis.program.problem import Problem, check_positions
 
 
 def gradient_function(run_program, problem):
@@ -55,6 +56,27 @@ def gradient_function(run_program, problem):
 
 def differentiable(x) -> bool:
   return jax.numpy.issubdtype(x.dtype, jax.numpy.inexact)
+
+
+@dataclass(frozen=True)
+class StepRequest:
+  """What an entry point asks of a training step, checked: the problem
+  (function, arguments, argnums), the policy built, and the positional
+  arguments donated, as given and among the step's traced leaves."""
+  problem: Problem
+  policy: object
+  donate: tuple[int, ...]
+  donated: tuple[int, ...]
+
+  @classmethod
+  def make(cls, f, args, kwargs, *, policy, argnums, has_aux, whole_function,
+           donate_argnums, caller: str) -> 'StepRequest':
+    policy = built_policy_choice(policy)
+    problem = Problem.make(f, args, kwargs, argnums, has_aux=has_aux,
+                           whole_function=whole_function, caller=caller)
+    donate = check_positions(donate_argnums, len(args), 'donate_argnums',
+                             allow_empty=True)
+    return cls(problem, policy, donate, problem.traced_positions(donate))
 
 
 @dataclass(frozen=True)

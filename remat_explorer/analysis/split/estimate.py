@@ -22,10 +22,8 @@ from jax.extend.core import ClosedJaxpr, Var
 
 from remat_explorer.engine import in_backward_pass
 from remat_explorer.analysis.cache import ResultCache
-from remat_explorer.analysis.program.blocks import built_policy_choice
 from remat_explorer.analysis.program.keywords import check_keywords, entry_point
-from remat_explorer.analysis.program.problem import Problem, check_positions
-from remat_explorer.analysis.program.step import trace_step
+from remat_explorer.analysis.program.step import StepRequest, trace_step
 from remat_explorer.analysis.split.backend import backend_of
 from remat_explorer.analysis.split.flops import jaxpr_flops
 from remat_explorer.analysis.split.jaxpr_memory import peak_bytes, value_bytes
@@ -78,16 +76,14 @@ def estimate_costs(f, *args, policy=None, lowering: str | None = None,
                  argnums=argnums, has_aux=has_aux, whole_function=whole_function,
                  donate_argnums=donate_argnums)
   start = time.perf_counter()
-  policy = built_policy_choice(policy)
-  problem = Problem.make(f, args, kwargs, argnums, has_aux=has_aux,
-                         whole_function=whole_function, caller='estimate_costs')
-  donate = check_positions(donate_argnums, len(args), 'donate_argnums',
-                           allow_empty=True)
-  key = problem.cache_key('estimate', policy, lowering, donate)
+  request = StepRequest.make(f, args, kwargs, policy=policy, argnums=argnums,
+                             has_aux=has_aux, whole_function=whole_function,
+                             donate_argnums=donate_argnums, caller='estimate_costs')
+  problem, policy, donated = request.problem, request.policy, request.donated
+  key = problem.cache_key('estimate', policy, lowering, request.donate)
   cached = _cache.get(key)
   if cached is not None:
     return cached
-  donated = problem.traced_positions(donate)
   step = trace_step(problem, policy, lowering, donated)
   notes = step.notes
   if any(len(getattr(getattr(x, 'sharding', None), 'device_set', ())) > 1

@@ -31,9 +31,8 @@ from remat_explorer.analysis.xla.costs import CompiledCosts
 from remat_explorer.analysis.cache import ResultCache
 from remat_explorer.analysis.context import note_compile
 from remat_explorer.analysis.program.keywords import check_keywords, entry_point
-from remat_explorer.analysis.program.problem import Problem, check_positions
-from remat_explorer.analysis.program.step import trace_step
-from remat_explorer.analysis.program.blocks import PolicyChoice, built_policy_choice
+from remat_explorer.analysis.program.step import StepRequest, trace_step
+from remat_explorer.analysis.program.blocks import PolicyChoice
 from remat_explorer.analysis.program.devices import (compiled_placement, find_placement,
                                                      target_device)
 from remat_explorer.analysis.targets.device_memory import device_memory_bytes
@@ -157,12 +156,11 @@ class PendingCosts:
 
 def _start(f, args, kwargs, *, policy, lowering, argnums, has_aux, whole_function,
            donate_argnums, compiler_options, for_running, executor) -> PendingCosts:
-  policy = built_policy_choice(policy)
-  problem = Problem.make(f, args, kwargs, argnums, has_aux=has_aux,
-                         whole_function=whole_function, caller='compile_costs')
-  donate = check_positions(donate_argnums, len(args), 'donate_argnums',
-                           allow_empty=True)
-  donated = problem.traced_positions(donate)
+  request = StepRequest.make(f, args, kwargs, policy=policy, argnums=argnums,
+                             has_aux=has_aux, whole_function=whole_function,
+                             donate_argnums=donate_argnums, caller='compile_costs')
+  problem, policy, donate, donated = (request.problem, request.policy, request.donate,
+                                      request.donated)
   # No options (an analysis compile) differs from empty ones (a full one).
   options_key = (None if compiler_options is None
                  else tuple(sorted(compiler_options.items())))
