@@ -224,8 +224,11 @@ def _shortened(label: str, length: int = 80) -> str:
   return label if len(label) <= length else label[:length - 1] + '…'
 
 
-def policy_warnings(policies: Iterable, names_in_program: Iterable[str]) -> list[str]:
-  """Warnings about `policies` (one per distinct policy) for this program."""
+def policy_warnings(policies: Iterable, names_in_program: Iterable[str], *,
+                    subject: str | None = None) -> list[str]:
+  """Warnings about `policies` (one per distinct policy) for this program;
+  each names its policy, or says `subject` (``'this policy'``, where the
+  policy is named beside it: a comparison's row, whose note is kept short)."""
   names_in_program = set(names_in_program)
   warnings, seen = [], set()
   for policy in policies:
@@ -235,16 +238,16 @@ def policy_warnings(policies: Iterable, names_in_program: Iterable[str]) -> list
     seen.add(key)
     names, both = policy_names(policy)
     unmatched = sorted(names - names_in_program)
-    label = _shortened(describe_policy(policy))
+    label = subject or f'policy {_shortened(describe_policy(policy))}'
+    shown = 2 if subject else 6
     if unmatched:
-      known = _some(sorted(names_in_program)) or 'none'
       warnings.append(
-          f'policy {label} refers to checkpoint_name(s) {_some(unmatched)} that do not '
-          f'occur in the program (names in the program: {known}); it cannot save those '
-          'values.')
+          f'{label} refers to checkpoint_name(s) {_some(unmatched, shown)} that do not '
+          'occur in the program (names in the program: '
+          f'{_some(sorted(names_in_program), shown) or "none"}); it cannot save those values.')
     if both:
       warnings.append(
-          f'policy {label} lists {_some(sorted(both))} both to save '
+          f'{label} lists {_some(sorted(both), shown)} both to save '
           'on the device and to offload; the saved list wins, so these values '
           'are not offloaded.')
   return warnings

@@ -9,8 +9,9 @@ recompute would save. Each ``PolicyRow`` of ``compare`` carries its own.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
-from remat_explorer.analysis.policies.policy_info import NO_REMAT
+from remat_explorer.analysis.policies.policy_info import NO_REMAT, policy_warnings
 from remat_explorer.analysis.units import format_bytes, format_flops
 
 
@@ -26,11 +27,23 @@ def _row_warnings(row, baseline) -> list[str]:
   explain; a policy whose compiled peak is not below no remat's, with the
   residuals that hold it up (and XLA's merge of the recompute, if any)."""
   layouts = [c.temp_warning for c in row.scan_layouts if c.temp_warning]
-  # The analysis' own warnings first: a policy naming values the program
-  # does not have (a typo) saves nothing it was meant to.
-  analysis = list(row.report.warnings) if row.report is not None else []
+  # The policy's own warnings first: one naming values the program does not
+  # have (a typo) saves nothing it was meant to.
+  analysis = _policy_warnings(row)
   return (analysis + layouts + _unknown_flops_warnings(row) + _branch_warnings(row)
           + _peak_warnings(row, baseline) + _kept_recompute_warnings(row))
+
+
+def _policy_warnings(row) -> list[str]:
+  """The analysis' warnings of the row's policy, worded for the row (which
+  names the policy); a choice per block, as the analysis words them."""
+  if row.report is None:
+    return []
+  if row.policy is None or row.policy is NO_REMAT or isinstance(row.policy, Mapping):
+    return list(row.report.warnings)
+  own = policy_warnings([row.policy], row.report.names_in_program, subject='this policy')
+  others = policy_warnings([row.policy], row.report.names_in_program)
+  return own + [w for w in row.report.warnings if w not in others]
 
 
 def _kept_recompute_warnings(row) -> list[str]:
