@@ -230,8 +230,8 @@ def test_a_gpu_merging_matmuls_is_not_taken_for_a_merged_recompute():
   barrier the recompute runs (no flag, though matmuls were merged); with no
   lowering XLA drops it, and says so."""
   mesh = rx.target_mesh('h100')
-  loss, args = examples.transformer(use_scan=False, num_layers=2, d_model=256, seq_len=256,
-                                    batch=4, seed=int(np.random.default_rng(7).integers(1000)))
+  loss, args = examples.transformer(use_scan=False, num_layers=1, d_model=128, seq_len=128,
+                                    batch=2, seed=int(np.random.default_rng(7).integers(1000)))
   args = jax.tree_util.tree_map(
       lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, P())), args)
   policy = jax.checkpoint_policies.nothing_saveable
@@ -242,8 +242,8 @@ def test_a_gpu_merging_matmuls_is_not_taken_for_a_merged_recompute():
     assert costs.compiled_matmuls < costs.lowered_matmuls
     flags[lowering] = recompute_eliminated(report, costs)
     executed = costs.executed_flops - (report.forward_flops + report.backward_flops)
-    if lowering == 'barrier':
-      assert abs(executed) < 0.05 * report.recompute_flops
+    if lowering == 'barrier':  # the recompute runs (its elementwise work fused alike)
+      assert abs(executed) < 0.1 * report.recompute_flops
   assert flags['barrier'] is None
   assert flags['none'] is not None and 'fewer than' in flags['none']
 
