@@ -210,7 +210,9 @@ def compare(f, *args, policies: Mapping[str, Any] | Sequence | None = None,
   thread traces the next steps, analyzes the policies and reads each
   compiled program as it lands; Python's full garbage collections are held
   off meanwhile (``full_collections.py``). `progress(done, total, label)`
-  is called as each row is done. Run times (`repeats`) are measured once
+  is called as each row is done (`total`: the rows, fixed from the start),
+  and with `done` unchanged as a lowering compiled besides a row lands
+  (`label` then ends ``· lowering cond``). Run times (`repeats`) are measured once
   every compile has finished, one row at a time, so that nothing else
   shares the machine while they run.
 
