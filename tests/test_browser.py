@@ -1064,8 +1064,7 @@ def test_chart_text_is_at_least_11_px_as_displayed(browser, tmp_path, long_label
   from remat_explorer.viz.charts._figures import MIN_TEXT_PX, chart_img
   from remat_explorer.viz.charts.costs import plot_residuals_by_origin
   from remat_explorer.viz.html.html_report import report_html
-  from remat_explorer.viz.widget._panels import costs_html
-  from remat_explorer.viz.widget.explorer import _comparison_html
+  from remat_explorer.viz.widget._panels import comparison_html, costs_html
   comparison = long_label_comparison
   row = comparison.row('dots_saveable')
   path = tmp_path / 'report.html'
@@ -1076,7 +1075,7 @@ def test_chart_text_is_at_least_11_px_as_displayed(browser, tmp_path, long_label
     page.set_viewport_size({'width': width, 'height': 900})
     page.goto(path.as_uri())
     shown[f'report at {width} px'] = _chart_scales(page, 'body')
-  tabs = (_comparison_html(comparison, row.label, None)
+  tabs = (comparison_html(comparison, row.label, None)
           + chart_img(plot_residuals_by_origin(row.report), 'residual bytes by origin')
           + costs_html(row.label, 'barrier', row.costs, comparison.baseline.costs, row.report))
   page.set_viewport_size(_WINDOW)

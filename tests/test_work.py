@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 
 import remat_explorer as rx
-from remat_explorer.viz.widget import _panels, explorer
+from remat_explorer.viz.widget import _panels, notebook_output
 from remat_explorer.viz.widget._work import Work
 
 
@@ -106,8 +106,8 @@ def _loss(w, x):
 
 
 def test_running_the_cell_again_stops_the_earlier_explorer(monkeypatch):
-  monkeypatch.setattr(explorer, '_current_cell', lambda: 'cell-7')
-  monkeypatch.setattr(explorer, '_by_cell', {})
+  monkeypatch.setattr(notebook_output, '_current_cell', lambda: 'cell-7')
+  monkeypatch.setattr(notebook_output, '_by_cell', {})
   keys = jax.random.split(jax.random.key(5))
   args = (jax.random.normal(keys[0], (8, 8)), jax.random.normal(keys[1], (4, 8)))
   first = rx.explore(_loss, *args)

@@ -276,64 +276,69 @@ def _run(jobs: dict[str, tuple], args, common, parallel, progress, repeats,
 
   XLA compiles without Python's lock and this thread's work (tracing,
   lowering, analyzing, reading compiled programs) needs it, so the two are
-  pipelined: each step is traced and lowered here and its compile handed
-  to `parallel` worker threads at once, the policies are analyzed while
-  XLA compiles, and each compiled program is read as it lands. Where XLA
-  merged a row's recompute away and `suggest_lowering`, the same policy
-  under ``KEEPS_RECOMPUTE`` is handed to the workers as soon as the row
-  lands (``PolicyRow.kept_recompute``)."""
+  pipelined (``_Pipeline``): each step is traced and lowered here and its
+  compile handed to `parallel` worker threads at once, the policies are
+  analyzed while XLA compiles, and each compiled program is read as it
+  lands."""
   workers = max(1, min(parallel or usable_cores(), len(jobs)))
-  lowering = common.get('lowering') or DEFAULT_LOWERING
-  suggest = suggest_lowering and lowering not in (KEEPS_RECOMPUTE, 'while')
-  pending, reports, costs, failed, kept = {}, {}, {}, {}, {}
-  waiting: dict = {}  # compile future -> (label, whether it is a suggestion)
-
-  def done(label):
-    # Rows done of the rows asked for: a total that never moves. A lowering
-    # compiled besides a row (``label · lowering cond``) is told as it lands,
-    # the count unchanged: whether it is needed is known only then.
-    if progress is not None:
-      progress(len(costs) + len(failed), len(jobs), label)
-
-  def fail(label, fn, e):
-    # A row that cannot be traced, analyzed or compiled fails; the others go on.
-    failed[label] = _failed_costs(fn, label, common.get('lowering'), e)
-    done(label)
-
-  def suggestion(label):
-    fn, policy = jobs[label]
+  with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+    pipeline = _Pipeline(pool, jobs, args, common, progress, suggest_lowering)
     try:
-      started = start_compile_costs(pool, fn, *args, policy=policy,
-                                    **{**common, 'lowering': KEEPS_RECOMPUTE})
-    except Exception:  # the row stands as it is; the suggestion is what fails
-      return
-    pending[label, KEEPS_RECOMPUTE] = started
-    waiting[started.compiled] = label, True
+      pipeline.start_compiles()
+      pipeline.analyze_while_compiling()
+      pipeline.read_landed(block=True)
+    except BaseException:
+      pipeline.cancel()
+      raise
+  return pipeline.rows(repeats)
 
-  def land(future):
-    label, suggested = waiting.pop(future)
-    if suggested:
+
+class _Pipeline:
+  """The compiles and analyses of one comparison, and what has landed.
+  Where XLA merged a row's recompute away and `suggest_lowering`, the same
+  policy under ``KEEPS_RECOMPUTE`` is handed to the workers as soon as the
+  row lands (``PolicyRow.kept_recompute``)."""
+
+  def __init__(self, pool, jobs, args, common, progress, suggest_lowering):
+    self.pool, self.jobs, self.args, self.common = pool, jobs, args, common
+    self.progress = progress
+    lowering = common.get('lowering') or DEFAULT_LOWERING
+    self.suggest = suggest_lowering and lowering not in (KEEPS_RECOMPUTE, 'while')
+    self.pending, self.reports, self.costs, self.failed, self.kept = {}, {}, {}, {}, {}
+    self.waiting: dict = {}  # compile future -> (label, whether it is a suggestion)
+
+  # -- the steps ---------------------------------------------------------------------
+
+  def start_compiles(self) -> None:
+    """Trace and lower every row's step here; XLA compiles on the workers."""
+    for label, (fn, policy) in self.jobs.items():
       try:
-        kept[label] = pending[label, KEEPS_RECOMPUTE].result()
-      except Exception:
-        kept[label] = None
-      done(f'{label} · lowering {KEEPS_RECOMPUTE}')
-      return
-    try:
-      costs[label] = pending[label].result()
-    except Exception as e:
-      fail(label, jobs[label][0], e)
-      return
-    if suggest and recompute_eliminated(reports[label], costs[label]):
-      suggestion(label)
-    done(label)
+        self.pending[label] = start_compile_costs(self.pool, fn, *self.args, policy=policy,
+                                                  **self.common)
+      except Exception as e:
+        self._fail(label, fn, e)
+        continue
+      self.waiting[self.pending[label].compiled] = label, False
 
-  def land_analyzed(block: bool):
+  def analyze_while_compiling(self) -> None:
+    """Analyze each row's policy, reading the compiles that landed meanwhile."""
+    for label, (fn, policy) in self.jobs.items():
+      if label not in self.pending:
+        continue
+      try:
+        self.reports[label] = analyze(fn, *self.args, policy=policy, **self.common)
+      except Exception as e:
+        self.waiting.pop(self.pending[label].compiled, None)
+        self._fail(label, fn, e)
+      self.read_landed(block=False)
+
+  def read_landed(self, block: bool) -> None:
     """Read the compiles that landed whose policy is analyzed (waiting for
-    one if `block`), so that progress moves while the analyses go on."""
+    one if `block`, until none is left), so that progress moves while the
+    analyses go on."""
     while True:
-      ready = [f for f, (label, suggested) in waiting.items()
-               if suggested or label in reports]
+      ready = [f for f, (label, suggested) in self.waiting.items()
+               if suggested or label in self.reports]
       if not ready:
         return
       landed, _ = concurrent.futures.wait(
@@ -342,44 +347,72 @@ def _run(jobs: dict[str, tuple], args, common, parallel, progress, repeats,
       if not landed:
         return
       for future in landed:
-        land(future)
+        self._land(future)
 
-  with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+  def cancel(self) -> None:
+    for p in self.pending.values():
+      p.compiled.cancel()
+
+  def rows(self, repeats) -> list[PolicyRow]:
+    """The rows in the jobs' order; with `repeats`, each compiled row's runs
+    timed (its executable cached: nothing compiles again)."""
+    rows = []
+    for label, (fn, policy) in self.jobs.items():
+      if label in self.failed:
+        rows.append(_row(label, policy, None, self.failed[label]))
+        continue
+      row_costs = self.costs[label]
+      if repeats and not row_costs.failed:
+        row_costs = compile_costs(fn, *self.args, policy=policy, repeats=repeats,
+                                  **self.common)
+      row = _row(label, policy, self.reports[label], row_costs)
+      if (found := self.kept.get(label)) is not None and not found.failed:
+        row = dataclasses.replace(row, kept_recompute=KeptRecompute(
+            KEEPS_RECOMPUTE, found.peak_bytes, found.executed_flops))
+      rows.append(row)
+    return rows
+
+  # -- what each landing does --------------------------------------------------------
+
+  def _land(self, future) -> None:
+    label, suggested = self.waiting.pop(future)
+    if suggested:
+      try:
+        self.kept[label] = self.pending[label, KEEPS_RECOMPUTE].result()
+      except Exception:
+        self.kept[label] = None
+      self._done(f'{label} · lowering {KEEPS_RECOMPUTE}')
+      return
     try:
-      for label, (fn, policy) in jobs.items():
-        try:
-          pending[label] = start_compile_costs(pool, fn, *args, policy=policy, **common)
-        except Exception as e:
-          fail(label, fn, e)
-          continue
-        waiting[pending[label].compiled] = label, False
-      for label, (fn, policy) in jobs.items():
-        if label in pending:
-          try:
-            reports[label] = analyze(fn, *args, policy=policy, **common)
-          except Exception as e:
-            waiting.pop(pending[label].compiled, None)
-            fail(label, fn, e)
-          land_analyzed(block=False)
-      land_analyzed(block=True)
-    except BaseException:
-      for p in pending.values():
-        p.compiled.cancel()
-      raise
-  rows = []
-  for label, (fn, policy) in jobs.items():
-    if label in failed:
-      rows.append(_row(label, policy, None, failed[label]))
-      continue
-    row_costs = costs[label]
-    if repeats and not row_costs.failed:  # the executable is cached: this only times its runs
-      row_costs = compile_costs(fn, *args, policy=policy, repeats=repeats, **common)
-    row = _row(label, policy, reports[label], row_costs)
-    if (found := kept.get(label)) is not None and not found.failed:
-      row = dataclasses.replace(row, kept_recompute=KeptRecompute(
-          KEEPS_RECOMPUTE, found.peak_bytes, found.executed_flops))
-    rows.append(row)
-  return rows
+      self.costs[label] = self.pending[label].result()
+    except Exception as e:
+      self._fail(label, self.jobs[label][0], e)
+      return
+    if self.suggest and recompute_eliminated(self.reports[label], self.costs[label]):
+      self._suggest(label)
+    self._done(label)
+
+  def _suggest(self, label) -> None:
+    fn, policy = self.jobs[label]
+    try:
+      started = start_compile_costs(self.pool, fn, *self.args, policy=policy,
+                                    **{**self.common, 'lowering': KEEPS_RECOMPUTE})
+    except Exception:  # the row stands as it is; the suggestion is what fails
+      return
+    self.pending[label, KEEPS_RECOMPUTE] = started
+    self.waiting[started.compiled] = label, True
+
+  def _fail(self, label, fn, e) -> None:
+    # A row that cannot be traced, analyzed or compiled fails; the others go on.
+    self.failed[label] = _failed_costs(fn, label, self.common.get('lowering'), e)
+    self._done(label)
+
+  def _done(self, label) -> None:
+    # Rows done of the rows asked for: a total that never moves. A lowering
+    # compiled besides a row (``label · lowering cond``) is told as it lands,
+    # the count unchanged: whether it is needed is known only then.
+    if self.progress is not None:
+      self.progress(len(self.costs) + len(self.failed), len(self.jobs), label)
 
 
 def usable_cores() -> int:

@@ -9,7 +9,10 @@ from remat_explorer.analysis import error_summary
 # Explorer takes them from here.
 from remat_explorer.viz.html.captions import (caption_html, device_text,  # noqa: F401
                                               error_html, warnings_html)
-from remat_explorer.viz.html.tables import TABLE_CSS, costs_table_html
+from remat_explorer.viz.charts._figures import chart_img
+from remat_explorer.viz.charts.costs import plot_memory_breakdown, plot_pareto
+from remat_explorer.viz.html.layout_tables import scan_layouts_html
+from remat_explorer.viz.html.tables import TABLE_CSS, comparison_table_html, costs_table_html
 from remat_explorer.viz.html.snapshot import compiled_figures
 from remat_explorer.viz.html.timeline_html import timeline_html
 from remat_explorer.viz.text import format_bytes, format_flops, html_text, memory_share_text
@@ -145,3 +148,14 @@ def search_html(result) -> str:
                       f'{result.explanation}')
   return (f'<p class="remat-search-result">Search within {format_bytes(result.budget_bytes)}:'
           f' <b>{html_text(result.label)}</b>. {html_text(result.explanation)}</p>')
+
+
+def comparison_html(comparison, selected, search_result) -> str:
+  """The Compare tab: the table (each policy's warnings in its row), each
+  checkpointed scan's schedule in theory and measured, the Pareto chart and
+  memory by policy."""
+  return (comparison_table_html(comparison)
+          + scan_layouts_html(comparison)
+          + chart_img(plot_pareto(comparison, selected=selected, search_result=search_result),
+                      'peak memory against FLOPs')
+          + chart_img(plot_memory_breakdown(comparison), 'memory by policy'))

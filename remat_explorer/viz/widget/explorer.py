@@ -11,7 +11,6 @@ previous views stay.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Mapping
 
 import jax
@@ -25,17 +24,15 @@ from remat_explorer.viz.widget._panels import (OUTDATED, STALE, caption_html, er
 from remat_explorer.viz.widget._policy_controls import ALL_BLOCKS, PolicyControls
 from remat_explorer.viz.widget._search import BudgetSearch
 from remat_explorer.viz.widget._work import Work
-from remat_explorer.viz.widget.notebook_output import ExplorerOutput
-from remat_explorer.viz.charts.costs import (plot_memory_breakdown, plot_pareto,
-                                       plot_residuals_by_origin)
+from remat_explorer.viz.widget.notebook_output import ExplorerOutput, replace_in_cell
+from remat_explorer.viz.charts.costs import plot_residuals_by_origin
 from remat_explorer.viz.charts._figures import chart_img
 from remat_explorer.viz.diagram.render import render_diagram
 from remat_explorer.viz.widget.lab import require_lab
-from remat_explorer.viz.html.layout_tables import scan_layouts_html
 from remat_explorer.viz.html.snapshot import compiled_figures, snapshot_html
 from remat_explorer.viz.diagram.split_graph import split_graph
-from remat_explorer.viz.html.tables import (RESIDUAL_SORT_KEYS, comparison_table_html,
-                                       report_jaxprs_html, residual_table_html)
+from remat_explorer.viz.html.tables import (RESIDUAL_SORT_KEYS, report_jaxprs_html,
+                                       residual_table_html)
 
 TABS = ('Split diagram', 'Residuals', 'Costs', 'Compare', 'Program')
 _AUTO = {'width': 'auto'}  # buttons as wide as their text: never cut
@@ -55,33 +52,6 @@ def explore(f, *args, argnums=0, **kwargs):
   _layouts(f)
   check_keywords(explore, f, kwargs, argnums=argnums)
   return Explorer(f, *args, argnums=argnums, **kwargs)
-
-
-# The Explorer each notebook cell made last: running the cell again stops
-# the earlier one's work, which nothing shows any more.
-_by_cell: dict[str, weakref.ref] = {}
-
-
-def _current_cell() -> str | None:
-  """The id of the notebook cell being run (JupyterLab and Notebook send
-  it with each execution), or None outside a notebook."""
-  try:
-    from IPython import get_ipython
-    parent = get_ipython().kernel.get_parent('shell')
-  except (ImportError, AttributeError, TypeError):  # no kernel, or an old one
-    return None
-  return ((parent or {}).get('metadata') or {}).get('cellId')
-
-
-def _replace_in_cell(explorer) -> None:
-  cell = _current_cell()
-  if cell is None:
-    return
-  earlier = _by_cell.get(cell)
-  earlier = earlier() if earlier is not None else None
-  if earlier is not None and earlier is not explorer:
-    earlier.stop()
-  _by_cell[cell] = weakref.ref(explorer)
 
 
 def _layouts(f) -> dict | None:
@@ -132,9 +102,6 @@ class Explorer:
     self.layouts = _layouts(f)
     require_lab('The Explorer')
     import ipywidgets as w
-
-    from remat_explorer.viz.widget.html_widget import HtmlView
-    from remat_explorer.viz.widget.viewer_widget import DiagramViewer
     self._function = None if self.layouts else f
     self.args, self.kwargs, self.argnums = args, kwargs, argnums
     # Layouts of one computation (functions of the same arguments): the
@@ -146,7 +113,7 @@ class Explorer:
     self._settings = TraceSettings.current()
     self._work = Work(on_tasks=self._show_tasks, on_error=self._show_error,
                       context=self._settings.entered)
-    _replace_in_cell(self)
+    replace_in_cell(self)
     first = self._first_analysis()
     # The program as written comes first, and opens: the policies the
     # user wrote, before any other.
@@ -174,6 +141,20 @@ class Explorer:
     self.progress = w.HTML()
     self.error = w.HTML()
 
+    self._build_tabs()
+    self._wire()
+    self._lay_out()
+    self._output = ExplorerOutput(self, self.widget)
+    self.refresh()
+    self._budget.learn_range()
+
+  def _build_tabs(self) -> None:
+    """The tabs and what each shows: the split diagram, the residuals, the
+    compiled costs, the comparison, the jaxprs."""
+    import ipywidgets as w
+
+    from remat_explorer.viz.widget.html_widget import HtmlView
+    from remat_explorer.viz.widget.viewer_widget import DiagramViewer
     self.split_note = w.HTML()
     self.diagram = DiagramViewer(layout=w.Layout(width='100%'))
     self.split_view = w.VBox([self.split_note, self.diagram])
@@ -200,6 +181,8 @@ class Explorer:
     for i, title in enumerate(TABS):
       self.tabs.set_title(i, title)
 
+  def _wire(self) -> None:
+    """What each control's change redraws or starts."""
     self.lowering.observe(lambda _: self.refresh(), names='value')
     self.layout.observe(self._layout_changed, names='value')
     self.sort_by.observe(lambda _: self._render_residuals(self.current_report()),
@@ -209,6 +192,10 @@ class Explorer:
     self.compare_button.on_click(lambda _: self._compare())
     self.pareto_pick.observe(self._pick_from_pareto, names='value')
     self.diagram.observe(self._node_clicked, names='click_count')
+
+  def _lay_out(self) -> None:
+    """The controls in rows above the tabs."""
+    import ipywidgets as w
     c = self.controls
     self.widget = w.VBox([
         w.HTML(_panels.CSS),
@@ -222,9 +209,6 @@ class Explorer:
         self.search_note, self.error, self.tabs])
     # Class names for styling and for tests that look at the page.
     self.widget.add_class('remat-explorer')
-    self._output = ExplorerOutput(self, self.widget)
-    self.refresh()
-    self._budget.learn_range()
 
   def _first_analysis(self):
     """The program's report as written, for its names and blocks; if that
@@ -397,7 +381,7 @@ class Explorer:
     def run(progress):
       comparison = compare(subject, *self.args, policies=policies, lowering=lowering,
                            argnums=self.argnums, progress=progress, **self.kwargs)
-      return comparison, _comparison_html(comparison, selected, searched)
+      return comparison, _panels.comparison_html(comparison, selected, searched)
 
     def show(result):
       self.comparison, html = result
@@ -519,14 +503,3 @@ class Explorer:
 
   def _ipython_display_(self) -> None:
     self._output.display()
-
-
-def _comparison_html(comparison, selected, search_result) -> str:
-  """The Compare tab: the table (each policy's warnings in its row), each
-  checkpointed scan's schedule in theory and measured, the Pareto chart and
-  memory by policy."""
-  return (comparison_table_html(comparison)
-          + scan_layouts_html(comparison)
-          + chart_img(plot_pareto(comparison, selected=selected, search_result=search_result),
-                      'peak memory against FLOPs')
-          + chart_img(plot_memory_breakdown(comparison), 'memory by policy'))

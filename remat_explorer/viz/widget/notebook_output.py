@@ -103,3 +103,31 @@ def wait_for_shown(timeout: float | None = None) -> None:
       explorer.wait(timeout)
       output.publish()
       output.publish_widget_state()
+
+
+# The Explorer each notebook cell made last: running the cell again stops
+# the earlier one's work, which nothing shows any more.
+_by_cell: dict[str, weakref.ref] = {}
+
+
+def _current_cell() -> str | None:
+  """The id of the notebook cell being run (JupyterLab and Notebook send
+  it with each execution), or None outside a notebook."""
+  try:
+    from IPython import get_ipython
+    parent = get_ipython().kernel.get_parent('shell')
+  except (ImportError, AttributeError, TypeError):  # no kernel, or an old one
+    return None
+  return ((parent or {}).get('metadata') or {}).get('cellId')
+
+
+def replace_in_cell(explorer) -> None:
+  """Note `explorer` as its cell's; stop the one the cell made before."""
+  cell = _current_cell()
+  if cell is None:
+    return
+  earlier = _by_cell.get(cell)
+  earlier = earlier() if earlier is not None else None
+  if earlier is not None and earlier is not explorer:
+    earlier.stop()
+  _by_cell[cell] = weakref.ref(explorer)
