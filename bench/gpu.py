@@ -54,7 +54,7 @@ sys.path.insert(0, str(ROOT))
 import remat_explorer as rx  # noqa: E402
 from remat_explorer import examples  # noqa: E402
 from remat_explorer.analysis import builtin_policies, compare, compile_costs  # noqa: E402
-from remat_explorer.analysis.tradeoffs.compare import recompute_eliminated  # noqa: E402
+from remat_explorer.analysis import recompute_eliminated  # noqa: E402
 from remat_explorer.analysis.units import format_bytes, format_flops  # noqa: E402
 
 RESULTS = ROOT / 'bench' / 'results'

@@ -23,7 +23,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import remat_explorer as rx
 from remat_explorer import examples
 from remat_explorer.analysis.targets import device_memory, gpu_configs
-from remat_explorer.analysis.tradeoffs.compare import recompute_eliminated
+from remat_explorer.analysis import recompute_eliminated
 
 TARGETS = ('v5e:2x2', 'v4:2x2x1', 'h100:8')
 GIB = 1 << 30

@@ -72,8 +72,8 @@ from remat_explorer.analysis.context import TraceSettings
 from remat_explorer.analysis.program.devices import mesh_text
 from remat_explorer.analysis.program.keywords import check_keywords
 from remat_explorer.analysis.split.graph import GraphBlock, GraphNode, SplitGraph, split_graph_of
-from remat_explorer.analysis.tradeoffs.compare import (AS_WRITTEN, AS_WRITTEN_NO_REMAT,
-                                                       recompute_eliminated)
+from remat_explorer.analysis.tradeoffs.compare import AS_WRITTEN, AS_WRITTEN_NO_REMAT
+from remat_explorer.analysis.tradeoffs.merged_recompute import recompute_eliminated
 from remat_explorer.analysis.units import (MISSING, byte_unit, flop_unit, format_bytes,
                                            format_flops, format_seconds, memory_share_text)
 

@@ -6,6 +6,8 @@ Modules, in the order a reader might take them:
 * ``split``      - the known/staged split of a block under a policy.
 * ``refs``       - mutable refs in blocks: private ones, and ``ref_effects``.
 * ``primitive``  - the ``checkpoint`` primitive and its transformation rules.
+* ``observe``    - what differentiation did to each block, recorded for the
+  analysis while ``observe_splits()`` is active.
 * ``lowering``   - how a differentiated block is protected from XLA.
 * ``api``        - ``checkpoint`` / ``remat`` / ``checkpoint_name``.
 * ``residuals``  - ``saved_residuals``: what the forward pass keeps, in words.

@@ -3,7 +3,8 @@
 The top layer of the analysis, built on ``split`` and ``xla``.
 
 * ``compare``: every policy side by side, the Pareto front and the
-  recommendation; ``row_warnings``: what is wrong with a row's figures.
+  recommendation; ``row_warnings``: what is wrong with a row's figures;
+  ``merged_recompute``: whether XLA dropped the recompute a policy asks for.
 * ``search``: the policy that fits a memory budget with the fewest FLOPs.
 * ``save_units``: what a search can save, priced, and its greedy choice.
 * ``layouts``: ``checkpointed_scan``'s schedules, predicted beside measured.
