@@ -213,23 +213,20 @@ def name_of_named_value(eqn) -> str | None:
 
 def hlo_text_flops(hlo_text: str, device) -> float | None:
   """XLA's own cost analysis (``flops``) of an HLO module given as text, for
-  `device`'s backend: what ``Compiled.cost_analysis()`` reports for a
+  `device`'s programs: what ``Compiled.cost_analysis()`` reports for a
   compiled module, applicable to a module rewritten from one (a loop's body
-  as the entry). Where the backend is a PJRT plugin (a GPU or TPU), whose C
-  API has no cost analysis of a module, the CPU's ``HloCostAnalysis``
-  counts it. None where this jaxlib has no such binding."""
+  as the entry). A PJRT plugin's client (a GPU's or a TPU's, live or
+  compile-only) has no cost analysis of a module alone: the CPU's
+  ``HloCostAnalysis`` counts it (it gives XLA:TPU's own counts of TPU
+  modules, checked in tests/test_targets.py). None where this jaxlib has no
+  such binding."""
   from jax._src import lib
   parse = getattr(getattr(lib, 'hlo', None), 'hlo_module_from_text', None)
   analyze = getattr(getattr(lib, '_jax', None), 'hlo_module_cost_analysis', None)
   if parse is None or analyze is None:
     return None
-  module = parse(hlo_text)
-  try:
-    return float(analyze(device.client, module).get('flops', 0.0))
-  except jax.errors.JaxRuntimeError as e:
-    if 'UNIMPLEMENTED' not in str(e) or device.platform == 'cpu':
-      raise
-  return float(analyze(jax.devices('cpu')[0].client, module).get('flops', 0.0))
+  counter = device if device.platform == 'cpu' else jax.devices('cpu')[0]
+  return float(analyze(counter.client, parse(hlo_text)).get('flops', 0.0))
 
 
 # -- compile-only devices ------------------------------------------------------

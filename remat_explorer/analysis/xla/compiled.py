@@ -232,14 +232,6 @@ def start_step_compile(step, leaves, *, function, policy, lowering, donate_argnu
                   device_memory_bytes=device_memory_bytes(device)))
 
 
-def _counting_device(device):
-  """The device whose XLA counts the FLOPs of a module's computations: the
-  CPU. A PJRT plugin's client (a GPU's or a TPU's, live or compile-only) has
-  no cost analysis of a module alone; the CPU's gives XLA:TPU's own counts
-  of TPU modules (checked in tests/test_targets.py)."""
-  return device if device.platform == 'cpu' else jax.devices('cpu')[0]
-
-
 def _done_with(fn) -> concurrent.futures.Future:
   """A future holding what `fn()` returned or raised."""
   future = concurrent.futures.Future()
@@ -305,7 +297,7 @@ class _StepCompile:
       try:
         # XLA:GPU's own cost_analysis() leaves out the matmuls of its GEMM
         # fusions and cuBLAS calls: a GPU's count is made from the text.
-        executed = executed_flops(module, _counting_device(self.device),
+        executed = executed_flops(module, self.device,
                                   None if common['platform'] == 'gpu' else cost.get('flops'))
       except Exception as e:  # a text XLA's parser refuses: say so, keep the rest
         notes.append(f'executed FLOPs unavailable: {type(e).__name__}: {e}')
