@@ -125,6 +125,12 @@ def mlp(*, num_layers: int = 16, width: int = 512, batch: int = 256,
   not the named copy, whose other reader, the next layer, is saved anyway as
   that layer's input. Saving ``'pre_activation'`` does save a stack.
   With `abstract`, the arguments are ``jax.ShapeDtypeStruct``s.
+
+  Example:
+    >>> from remat_explorer import examples
+    >>> loss_fn, (params, batch) = examples.mlp(num_layers=2, width=16, batch=4)
+    >>> params['w'].shape, batch['x'].shape, loss_fn(params, batch).shape
+    ((2, 16, 16), (4, 16), ())
   """
   params, data = _drawn(_mlp_args, jax.random.key(seed), abstract,
                         num_layers=num_layers, width=width, batch=batch)
@@ -234,6 +240,16 @@ def transformer(*, num_layers: int = 4, d_model: int = 128,
   The batch is ``{'tokens', 'targets'}`` (next-token targets), both
   ``(batch, seq_len)`` int32; the loss is the mean cross-entropy. With
   `abstract`, the arguments are ``jax.ShapeDtypeStruct``s.
+
+  Example:
+    >>> import remat_explorer as rx
+    >>> from remat_explorer import examples
+    >>> loss_fn, (params, batch) = examples.transformer(num_layers=2, d_model=32, seq_len=16, batch=2)
+    >>> len(params['blocks']), batch['tokens'].shape
+    (2, (2, 16))
+    >>> rx.analyze(loss_fn, params, batch).names_in_program
+    ('attention_logits', 'attention_output', 'key', 'mlp_hidden', 'mlp_output',
+     'query', 'value')
   """
   if d_model % num_heads:
     raise ValueError(f'd_model={d_model} is not divisible by '
@@ -305,6 +321,12 @@ def data_model_mesh(data: int, model: int, devices=None) -> Mesh:
   program does not constrain, as in any ``jit`` program; ``jax.make_mesh``
   defaults to Explicit axes in JAX 0.10.2, under which each matmul whose
   contracting dimension is sharded must name its output sharding.
+
+  Example:
+    >>> from remat_explorer import examples
+    >>> mesh = examples.data_model_mesh(1, 1)
+    >>> dict(mesh.shape), [t.name for t in mesh.axis_types]
+    ({'data': 1, 'model': 1}, ['Auto', 'Auto'])
   """
   devices = jax.devices()[:data * model] if devices is None else list(devices)
   if data < 1 or model < 1 or len(devices) != data * model:
@@ -377,6 +399,15 @@ def sharded_transformer(mesh: Mesh, *, num_layers: int = 2, d_model: int = 64,
   `abstract`: the arguments as ``jax.ShapeDtypeStruct``s carrying their
   shardings, nothing allocated; the default is abstract exactly when the
   mesh's devices can only compile (a ``target_mesh``'s).
+
+  Example:
+    >>> import remat_explorer as rx
+    >>> from remat_explorer import examples
+    >>> mesh = rx.target_mesh('h100:8', {'data': 2, 'model': 4})
+    >>> loss_fn, (params, batch) = examples.sharded_transformer(mesh)
+    >>> tokens, wq = batch['tokens'], params['blocks'][0]['wq']
+    >>> tokens.sharding.shard_shape(tokens.shape), wq.sharding.shard_shape(wq.shape)
+    ((4, 32), (64, 16))
   """
   d_ff = 4 * d_model if d_ff is None else d_ff
   _check_mesh_fits(mesh, batch=batch, num_heads=num_heads, d_ff=d_ff)
@@ -448,6 +479,12 @@ def convnet(*, num_blocks: int = 3, channels: int = 16, image_size: int = 32,
   result (before relu) ``'conv_output'``. A global average pool feeds the
   classifier; the loss is the softmax cross-entropy against random labels.
   With `abstract`, the arguments are ``jax.ShapeDtypeStruct``s.
+
+  Example:
+    >>> from remat_explorer import examples
+    >>> loss_fn, (params, batch) = examples.convnet(num_blocks=2, channels=8, image_size=8, batch=2)
+    >>> batch['images'].shape, batch['labels'].shape, loss_fn(params, batch).shape
+    ((2, 8, 8, 3), (2,), ())
   """
   if num_blocks < 1:
     raise ValueError(f'convnet needs num_blocks >= 1, got {num_blocks}.')
@@ -479,7 +516,18 @@ MODELS: dict[str, Callable[..., Example]] = {
 
 
 def build(name: str, **sizes: Any) -> Example:
-  """``MODELS[name](**sizes)``, with an error listing the models if unknown."""
+  """``MODELS[name](**sizes)``, with an error listing the models if unknown.
+
+  Example:
+    >>> from remat_explorer import examples
+    >>> loss_fn, (params, batch) = examples.build('mlp', num_layers=2, width=16, batch=4)
+    >>> params['w'].shape
+    (2, 16, 16)
+    >>> examples.build('resnet')
+    Traceback (most recent call last):
+    ...
+    ValueError: Unknown example model 'resnet'; available: convnet, mlp, transformer.
+  """
   try:
     builder = MODELS[name]
   except KeyError:

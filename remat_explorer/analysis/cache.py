@@ -62,7 +62,20 @@ def cleared_with_results(*functions) -> None:
 
 def clear_caches() -> None:
   """Forget every cached report and compiled result, and the frames and
-  paths read from programs (to measure again, or to free their memory)."""
+  paths read from programs (to measure again, or to free their memory).
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import remat_explorer as rx
+    >>> f = rx.checkpoint(lambda x: jnp.sum(jnp.sin(jnp.sin(x))))
+    >>> x = jax.random.normal(jax.random.key(0), (16,))
+    >>> report = rx.analyze(f, x)
+    >>> rx.analyze(f, x) is report
+    True
+    >>> rx.clear_caches()
+    >>> rx.analyze(f, x) is report
+    False
+  """
   for cache in _caches:
     cache.clear()
   for function in _memoized:

@@ -143,7 +143,16 @@ def remat(fun: Callable, *, prevent_cse: bool | Sequence[bool] = True,
           lowering: str | None = None,
           ref_effects: str = DEFAULT_REF_EFFECTS,
           concrete: Any = _NOT_GIVEN) -> Callable:
-  """Alias of :func:`checkpoint`."""
+  """Alias of :func:`checkpoint`.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import remat_explorer as rx
+    >>> f = rx.remat(lambda x: jnp.sum(jnp.tanh(jnp.tanh(x))))
+    >>> x = jax.random.normal(jax.random.key(0), (16,))
+    >>> rx.print_saved_residuals(f, x)
+    f32[16] from the argument x
+  """
   return checkpoint(fun, prevent_cse=prevent_cse, policy=policy,
                     static_argnums=static_argnums, lowering=lowering,
                     ref_effects=ref_effects, concrete=concrete)
@@ -155,6 +164,17 @@ def checkpoint_name(x, name: str):
   An identity at run time. The name is attached with JAX's own ``name``
   primitive, so it is seen by our policies and by ``jax.checkpoint_policies``
   alike; the tangent of a named value is not named.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import remat_explorer as rx
+    >>> def layer(w, x):
+    ...   h = rx.checkpoint_name(jnp.tanh(x @ w), 'hidden')
+    ...   return jnp.sum(jnp.tanh(h @ w))
+    >>> f = rx.checkpoint(layer, policy=rx.checkpoint_policies.save_only_these_names('hidden'))
+    >>> w, x = jax.random.normal(jax.random.key(0), (2, 16, 16))
+    >>> [r.argument or r.name for r in rx.analyze(f, w, x).residuals]
+    ['w', 'x', 'hidden']
   """
   if not isinstance(name, str):
     raise TypeError(f'checkpoint_name expects `name` to be a str, got '

@@ -51,7 +51,17 @@ def check_strategy(lowering) -> str:
 @contextlib.contextmanager
 def lowering_strategy(lowering: str):
   """Lower checkpoints called inside this block with `lowering`, unless they
-  name a strategy of their own."""
+  name a strategy of their own.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> import remat_explorer as rx
+    >>> f = rx.checkpoint(lambda x: jnp.sin(jnp.sin(x)))
+    >>> with rx.lowering_strategy('cond'):
+    ...   report = rx.analyze(f, 2.0)
+    >>> report.lowering
+    'cond'
+  """
   check_strategy(lowering)
   with _enclosing_strategy(lowering):
     yield

@@ -20,7 +20,21 @@ core = jx.core
 
 
 def saved_residuals(f, *args, **kwargs) -> list[tuple[core.AbstractValue, str]]:
-  """List ``(aval, description)`` for each residual `f`'s VJP saves."""
+  """List ``(aval, description)`` for each residual `f`'s VJP saves.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import remat_explorer as rx
+    >>> f = rx.checkpoint(lambda w, x: jnp.sum(jnp.tanh(jnp.tanh(x @ w) @ w)),
+    ...                   policy=rx.checkpoint_policies.dots_saveable)
+    >>> w, x = jax.random.normal(jax.random.key(0), (2, 16, 16))
+    >>> for aval, description in rx.saved_residuals(f, w, x):
+    ...   print(aval.shape, description)  # doctest: +ELLIPSIS
+    (16, 16) from the argument w
+    (16, 16) from the argument x
+    (16, 16) output of ... from ...
+    (16, 16) output of ... from ...
+  """
   if not callable(f):
     raise TypeError(f'saved_residuals expects a callable, got {type(f).__name__}: {f!r}')
   jaxpr = _jaxpr_to_residuals(f, args, kwargs)
@@ -52,6 +66,19 @@ def _jaxpr_to_residuals(f, args, kwargs) -> core.Jaxpr:
 
 
 def print_saved_residuals(f, *args, **kwargs) -> None:
+  """Print each residual `f`'s VJP saves, a line each: its type, then
+  where it comes from (``saved_residuals``, as text). `f` may checkpoint
+  with ``jax.checkpoint`` as well as with ours.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import remat_explorer as rx
+    >>> f = jax.checkpoint(lambda w, x: jnp.sum(jnp.tanh(jnp.tanh(x @ w) @ w)))
+    >>> w, x = jax.random.normal(jax.random.key(0), (2, 16, 16))
+    >>> rx.print_saved_residuals(f, w, x)
+    f32[16,16] from the argument w
+    f32[16,16] from the argument x
+  """
   for aval, description in saved_residuals(f, *args, **kwargs):
     print(f'{aval.str_short(short_dtypes=True)} {description}')
 

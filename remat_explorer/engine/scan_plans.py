@@ -128,6 +128,12 @@ class ScanScheduleCosts:
   Counts assume the step's `policy` is ``None`` (a checkpointed step saves
   only its inputs); a policy that saves more recomputes less inside a step,
   not fewer steps.
+
+  Example:
+    >>> import remat_explorer as rx
+    >>> rx.scan_schedule_costs(100, ('binomial', 4))
+    ScanScheduleCosts(n=100, schedule='binomial s=4', stored_carries=4,
+                      step_evaluations=474, recomputed_steps=374, levels=5)
   """
   n: int
   schedule: str
@@ -150,6 +156,15 @@ def scan_schedule_costs(n: int, schedule='every', segments: int | None = None
   """Predicted stored carries and step evaluations of a schedule, in closed form.
 
   `schedule` and `segments` are as for ``checkpointed_scan``.
+
+  Example:
+    >>> import remat_explorer as rx
+    >>> for schedule in ('every', 'sqrt', ('binomial', 4)):
+    ...   costs = rx.scan_schedule_costs(1000, schedule)
+    ...   print(costs.schedule, costs.stored_carries, costs.step_evaluations)
+    every 1000 2000
+    sqrt 63 3000
+    binomial s=4 4 8998
   """
   if isinstance(n, bool) or not isinstance(n, int) or n < 1:
     raise ValueError(f'scan_schedule_costs expects `n`, the number of steps, '

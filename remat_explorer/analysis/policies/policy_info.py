@@ -35,7 +35,16 @@ def describe_policy(policy) -> str:
   """A short name for a policy, ours or JAX's: for a built-in one, the
   expression that builds it (``save_only_these_names('k', 'q')``, which
   ``parse_policy`` reads back); for a function of the user's, its name, and
-  for a lambda the line that wrote it."""
+  for a lambda the line that wrote it.
+
+  Example:
+    >>> import jax
+    >>> from remat_explorer import analysis
+    >>> analysis.describe_policy(jax.checkpoint_policies.save_only_these_names('q', 'k'))
+    "save_only_these_names('k', 'q')"
+    >>> analysis.describe_policy(jax.checkpoint_policies.dots_saveable)
+    'dots_saveable'
+  """
   if policy is None:
     return 'nothing_saveable (default)'
   if policy is NO_REMAT:

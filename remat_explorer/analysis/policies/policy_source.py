@@ -35,7 +35,17 @@ def policy_source(choice) -> str:
   """Python that builds `choice` with JAX alone: as ``policy`` for one
   policy (paste it beside ``jax.checkpoint(f, policy=policy)``), as
   ``policies[name]`` for a ``{block name: policy}`` mapping (each passed to
-  the checkpoint of the function that block runs)."""
+  the checkpoint of the function that block runs).
+
+  Example:
+    >>> import jax
+    >>> from remat_explorer import analysis
+    >>> print(analysis.policy_source(jax.checkpoint_policies.save_only_these_names('qkv')))
+    import jax
+    <BLANKLINE>
+    policy = jax.checkpoint_policies.save_only_these_names('qkv')
+    <BLANKLINE>
+  """
   if choice is None:
     return AS_WRITTEN_SOURCE
   if choice is NO_REMAT:

@@ -27,6 +27,17 @@ def parse_policy(text: str):
   arguments and other policies: ``save_from_both_policies(dots_saveable,
   save_only_these_names('x'))``. Anything else is a ``ValueError`` that says
   what is accepted.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import remat_explorer as rx
+    >>> from remat_explorer import analysis
+    >>> policy = analysis.parse_policy("save_only_these_names('hidden')")
+    >>> f = jax.checkpoint(lambda x: jnp.sum(jnp.sin(rx.checkpoint_name(jnp.sin(x), 'hidden'))),
+    ...                    policy=policy)
+    >>> x = jax.random.normal(jax.random.key(0), (16,))
+    >>> [r.argument or r.name for r in rx.analyze(f, x).residuals]
+    ['x', 'hidden']
   """
   if not isinstance(text, str):
     raise TypeError(f'a policy expression is a str, got {type(text).__name__}.')

@@ -86,6 +86,17 @@ def analyze(f, *args, policy: PolicyChoice = None, lowering: str | None = None,
 
   Reports are cached (``clear_caches()`` forgets them), keyed on everything
   that changes them, the enclosing ``lowering_strategy`` included.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import remat_explorer as rx
+    >>> def loss(w, x):
+    ...   layer = rx.checkpoint(lambda h: jnp.tanh(h @ w))
+    ...   return jnp.sum(layer(layer(x)))
+    >>> w, x = jax.random.normal(jax.random.key(0), (2, 16, 16))
+    >>> report = rx.analyze(loss, w, x, policy=rx.checkpoint_policies.dots_saveable)
+    >>> [r.argument or r.primitive for r in report.residuals]
+    ['w', 'x', 'dot_general', 'tanh', 'dot_general']
   """
   check_keywords(analyze, f, kwargs, policy=policy, lowering=lowering, argnums=argnums,
                  has_aux=has_aux, whole_function=whole_function)

@@ -34,7 +34,17 @@ class CostEstimate:
   """Estimated figures of one training step (outputs and gradients), from
   its jaxpr: a model of what XLA would do, not a measurement (the compiled
   figures, ``compile_costs``, replace it). Sizes in bytes, of the whole
-  program (a sharded one's are not divided among its devices)."""
+  program (a sharded one's are not divided among its devices).
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import remat_explorer as rx
+    >>> f = rx.checkpoint(lambda w, x: jnp.sum(jnp.tanh(jnp.tanh(x @ w) @ w)))
+    >>> w, x = jax.random.normal(jax.random.key(0), (2, 16, 16))
+    >>> estimate = rx.estimate_costs(f, w, x)
+    >>> estimate.argument_bytes, estimate.residual_bytes, estimate.peak_bytes > 0
+    (2048, 2048, True)
+  """
   peak_bytes: int
   """Arguments + outputs + the most temporaries the liveness model holds at
   once (fused elementwise chains not materialised), less what donated
@@ -71,7 +81,19 @@ def estimate_costs(f, *args, policy=None, lowering: str | None = None,
   """Estimate the peak memory and FLOPs of `f`'s training step at `args`
   from its jaxpr alone: nothing is compiled. The options mean what they
   mean for ``compile_costs``; the figures are a model's (``CostEstimate``).
-  Results are cached like ``compile_costs``'."""
+  Results are cached like ``compile_costs``'.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import remat_explorer as rx
+    >>> def loss(w, x):
+    ...   layer = rx.checkpoint(lambda h: jnp.tanh(h @ w))
+    ...   return jnp.sum(layer(layer(x)))
+    >>> w, x = jax.random.normal(jax.random.key(0), (2, 16, 16))
+    >>> estimate = rx.estimate_costs(loss, w, x)
+    >>> estimate.residual_bytes, estimate.peak_bytes > 0, estimate.flops > 0
+    (3072, True, True)
+  """
   check_keywords(estimate_costs, f, kwargs, policy=policy, lowering=lowering,
                  argnums=argnums, has_aux=has_aux, whole_function=whole_function,
                  donate_argnums=donate_argnums)

@@ -13,7 +13,18 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Residual:
-  """One value the forward pass keeps for the backward pass."""
+  """One value the forward pass keeps for the backward pass.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import remat_explorer as rx
+    >>> f = rx.checkpoint(lambda w, x: jnp.sum(jnp.tanh(jnp.tanh(x @ w) @ w)))
+    >>> w, x = jax.random.normal(jax.random.key(0), (2, 16, 16))
+    >>> report = rx.analyze(f, w, x, policy=rx.checkpoint_policies.dots_saveable)
+    >>> residual = report.residuals[-1]
+    >>> residual.type_string, residual.kind, residual.primitive, residual.bytes
+    ('float32[16,16]', 'equation', 'dot_general', 1024)
+  """
   index: int
   shape: tuple[int, ...]
   dtype: str
@@ -194,7 +205,17 @@ class EquationCost:
 
 @dataclass(frozen=True)
 class RematReport:
-  """What remat does to one function under one policy, from its jaxprs."""
+  """What remat does to one function under one policy, from its jaxprs.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import remat_explorer as rx
+    >>> f = rx.checkpoint(lambda w, x: jnp.sum(jnp.tanh(jnp.tanh(x @ w) @ w)))
+    >>> w, x = jax.random.normal(jax.random.key(0), (2, 16, 16))
+    >>> report = rx.analyze(f, w, x)
+    >>> report.policy, len(report.blocks), report.residual_bytes
+    ('nothing_saveable (default)', 1, 2048)
+  """
   function: str
   policy: str
   lowering: str

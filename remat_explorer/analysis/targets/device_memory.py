@@ -44,7 +44,18 @@ def tpu_device_memory(devices) -> int | None:
 
 
 def device_memory_bytes(device) -> int | None:
-  """The bytes `device` holds, or None where it is not known (the CPU)."""
+  """The bytes `device` holds, or None where it is not known (the CPU).
+
+  Example:
+    >>> import jax
+    >>> import remat_explorer as rx
+    >>> from remat_explorer import analysis
+    >>> h100 = rx.target_mesh('h100:8').devices.flat[0]
+    >>> analysis.device_memory_bytes(h100) / 2**30  # doctest: +ELLIPSIS
+    79.14...
+    >>> analysis.device_memory_bytes(jax.devices('cpu')[0]) is None
+    True
+  """
   client = getattr(device, 'client', None)
   if client in _compile_only:
     return _compile_only[client]

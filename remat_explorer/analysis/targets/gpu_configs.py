@@ -49,7 +49,18 @@ captured on the GPU itself (``gpu_target_config()``) and registered."""
 def register_gpu_target(name: str, config: str) -> None:
   """Make `name` a GPU target (``target_mesh(f'{name}:8')``), compiled as
   `config` describes it: a ``GpuTargetConfig`` text proto, e.g. what
-  ``gpu_target_config()`` printed on that GPU."""
+  ``gpu_target_config()`` printed on that GPU.
+
+  Example:
+    A config the package ships stands in for one captured on the GPU:
+
+    >>> from importlib.resources import files
+    >>> import remat_explorer as rx
+    >>> specs = files('remat_explorer.analysis.targets') / 'gpu_specs'
+    >>> rx.register_gpu_target('my_h100', (specs / 'h100_pcie.txtpb').read_text())
+    >>> rx.target_mesh('my_h100:2').devices.flat[0].device_kind
+    'NVIDIA H100 PCIe'
+  """
   if not isinstance(name, str) or not re.fullmatch(r'[a-z][a-z0-9_]*', name):
     raise ValueError(f'name must be lower case letters, digits and underscores, '
                      f'starting with a letter, got {name!r}.')
@@ -61,7 +72,20 @@ def register_gpu_target(name: str, config: str) -> None:
 
 def gpu_target_config() -> str:
   """The ``GpuTargetConfig`` text proto of this machine's GPU: run it on the
-  GPU, save the text, and ``register_gpu_target`` it where there is none."""
+  GPU, save the text, and ``register_gpu_target`` it where there is none.
+
+  Example:
+    On a machine with the GPU it returns the text; where JAX sees no GPU,
+    it says so:
+
+    >>> import remat_explorer as rx
+    >>> try:
+    ...   config = rx.gpu_target_config()  # save it, for register_gpu_target
+    ... except RuntimeError:  # no GPU here
+    ...   config = None
+    >>> config is None or 'gpu_device_info' in config
+    True
+  """
   import jax
   engine.initialize_backends_quietly()
   gpus = [d for d in jax.devices() if d.platform == 'gpu']
@@ -84,6 +108,15 @@ def gpu_target(name: str) -> GpuTarget | None:
 
 
 def gpu_target_names() -> list[str]:
+  """The GPUs ``target_mesh`` compiles for (``'h100:8'``): those whose
+  configs the package ships, their aliases, and those registered with
+  ``register_gpu_target``.
+
+  Example:
+    >>> from remat_explorer import analysis
+    >>> {'a100', 'h100', 'h200'} <= set(analysis.gpu_target_names())
+    True
+  """
   return sorted({*_SHIPPED, *_ALIASES, *_registered})
 
 

@@ -44,6 +44,15 @@ def target_mesh(target: str, axes: Mapping[str, int] | None = None) -> Mesh:
   8), for the GPUs of ``gpu_target_names()`` and any registered with
   ``register_gpu_target``. TPUs need ``pip install 'remat_explorer[tpu]'``,
   GPUs ``'remat_explorer[cuda]'``.
+
+  Example:
+    >>> import remat_explorer as rx
+    >>> mesh = rx.target_mesh('h100:8', {'data': 2, 'model': 4})
+    >>> dict(mesh.shape), mesh.devices.flat[0].device_kind
+    ({'data': 2, 'model': 4}, 'NVIDIA H100 80GB HBM3')
+    >>> pod = rx.target_mesh('v5e:2x2')
+    >>> dict(pod.shape), pod.devices.flat[0].platform
+    ({'data': 4}, 'tpu')
   """
   if not isinstance(target, str):
     raise TypeError(f'target must be a string such as "v5e:2x2" or "h100:8", '

@@ -46,7 +46,14 @@ Progress = Callable[[int, int, str], None]
 
 
 def builtin_policies(names_in_program: Sequence[str] = ()) -> dict[str, Any]:
-  """Every built-in policy that applies to a program with these names."""
+  """Every built-in policy that applies to a program with these names.
+
+  Example:
+    >>> from remat_explorer import analysis
+    >>> list(analysis.builtin_policies(['hidden']))
+    ['nothing_saveable', 'dots_with_no_batch_dims_saveable', 'dots_saveable',
+     'everything_saveable', "save_only_these_names('hidden')"]
+  """
   policies = {
       'nothing_saveable': checkpoint_policies.nothing_saveable,
       'dots_with_no_batch_dims_saveable':
@@ -76,7 +83,17 @@ KEEPS_RECOMPUTE = 'cond'
 
 @dataclass(frozen=True)
 class PolicyRow:
-  """One policy: the analysis and XLA's compiled figures."""
+  """One policy: the analysis and XLA's compiled figures.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import remat_explorer as rx
+    >>> f = rx.checkpoint(lambda w, x: jnp.sum(jnp.tanh(jnp.tanh(x @ w) @ w)))
+    >>> w, x = jax.random.normal(jax.random.key(0), (2, 16, 16))
+    >>> row = rx.compare(f, w, x, policies=['dots_saveable']).row('dots_saveable')
+    >>> row.failed, row.residual_bytes, row.peak_bytes > 0
+    (False, 4096, True)
+  """
   label: str
   policy: Any = dataclasses.field(repr=False, compare=False)
   report: RematReport | None = dataclasses.field(repr=False, compare=False)
@@ -135,6 +152,18 @@ class PolicyRow:
 
 @dataclass(frozen=True)
 class Comparison:
+  """What ``compare`` measured: a row per policy (or per function), the
+  program as written and without remat first, and the Pareto front.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import remat_explorer as rx
+    >>> f = rx.checkpoint(lambda w, x: jnp.sum(jnp.tanh(jnp.tanh(x @ w) @ w)))
+    >>> w, x = jax.random.normal(jax.random.key(0), (2, 16, 16))
+    >>> comparison = rx.compare(f, w, x, policies=['dots_saveable'])
+    >>> [row.label for row in comparison.rows], comparison.baseline.label
+    (['as written', 'no remat', 'dots_saveable'], 'no remat')
+  """
   function: str
   device_kind: str
   platform: str
@@ -220,6 +249,17 @@ def compare(f, *args, policies: Mapping[str, Any] | Sequence | None = None,
   and `suggest_lowering`, that row's policy is also compiled under
   ``lowering='cond'``, which keeps the recompute, and the row says what it
   would save (``PolicyRow.kept_recompute``): one more compile per such row.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import remat_explorer as rx
+    >>> def loss(w, x):
+    ...   layer = rx.checkpoint(lambda h: jnp.tanh(h @ w))
+    ...   return jnp.sum(layer(layer(x)))
+    >>> w, x = jax.random.normal(jax.random.key(0), (2, 16, 16))
+    >>> comparison = rx.compare(loss, w, x, policies=['nothing_saveable', 'dots_saveable'])
+    >>> [row.label for row in comparison.rows]
+    ['as written', 'no remat', 'nothing_saveable', 'dots_saveable']
   """
   check_keywords(compare, f, kwargs, policies=policies, lowering=lowering, argnums=argnums,
                  has_aux=has_aux, repeats=repeats, include_no_remat=include_no_remat,

@@ -65,6 +65,18 @@ class Candidate:
 
 @dataclass(frozen=True)
 class SearchResult:
+  """What ``search_policy`` chose and why: the policy, its compiled peak
+  and FLOPs, and every candidate it priced.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import remat_explorer as rx
+    >>> f = rx.checkpoint(lambda w, x: jnp.sum(jnp.tanh(jnp.tanh(x @ w) @ w)))
+    >>> w, x = jax.random.normal(jax.random.key(0), (2, 16, 16))
+    >>> result = rx.search_policy(f, w, x, memory_budget=1.0)
+    >>> result.fits, 'jax.checkpoint_policies.' in result.to_source()
+    (True, True)
+  """
   policy: Callable[..., Any] = field(repr=False)
   label: str
   """At most 80 characters."""
@@ -124,6 +136,17 @@ def search_policy(f, *args, memory_budget: int | float | str, argnums=0,
   estimated peak within the estimate's error of the budget), fewest
   estimated FLOPs first, until one fits; the answer is compiled and fits,
   but only the compiled candidates are sure not to beat it.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import remat_explorer as rx
+    >>> def loss(w, x):
+    ...   layer = rx.checkpoint(lambda h: jnp.tanh(h @ w))
+    ...   return jnp.sum(layer(layer(x)))
+    >>> w, x = jax.random.normal(jax.random.key(0), (2, 16, 16))
+    >>> result = rx.search_policy(loss, w, x, memory_budget=0.5)
+    >>> result.fits, result.peak_bytes <= result.budget_bytes
+    (True, True)
   """
   check_keywords(search_policy, f, kwargs, memory_budget=memory_budget, argnums=argnums,
                  has_aux=has_aux, lowering=lowering, progress=progress,

@@ -84,6 +84,17 @@ def compile_costs(f, *args, policy: PolicyChoice = None, lowering: str | None = 
   with ``failed=True`` and XLA's message. A sharded program (see
   ``analyze``) is compiled partitioned: the figures are per device, with
   the collectives of its HLO. Results are cached like ``analyze``'s.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import remat_explorer as rx
+    >>> def loss(w, x):
+    ...   layer = rx.checkpoint(lambda h: jnp.tanh(h @ w))
+    ...   return jnp.sum(layer(layer(x)))
+    >>> w, x = jax.random.normal(jax.random.key(0), (2, 16, 16))
+    >>> costs = rx.compile_costs(loss, w, x)
+    >>> costs.policy, costs.failed, costs.peak_bytes > 0
+    ('nothing_saveable (default)', False, True)
   """
   check_keywords(compile_costs, f, kwargs, policy=policy, lowering=lowering,
                  argnums=argnums, has_aux=has_aux, whole_function=whole_function,

@@ -23,6 +23,18 @@ class CompiledCosts:
   ``xla_flops`` are per device: XLA's ``memory_analysis`` and
   ``cost_analysis`` describe the partitioned executable, which is what each
   device runs. ``num_devices`` and ``mesh_shape`` say over what.
+
+  Example:
+    For 8 H100s, compiled without them (``target_mesh``):
+
+    >>> import jax, jax.numpy as jnp
+    >>> import remat_explorer as rx
+    >>> from jax.sharding import NamedSharding, PartitionSpec as P
+    >>> mesh = rx.target_mesh('h100:8')
+    >>> x = jax.ShapeDtypeStruct((64, 16), jnp.float32, sharding=NamedSharding(mesh, P('data')))
+    >>> costs = rx.compile_costs(rx.checkpoint(lambda x: jnp.sum(jnp.tanh(jnp.tanh(x)))), x)
+    >>> costs.device_kind, costs.num_devices, costs.fits
+    ('NVIDIA H100 80GB HBM3', 8, True)
   """
   function: str
   policy: str

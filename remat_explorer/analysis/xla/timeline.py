@@ -83,7 +83,17 @@ class Buffer:
 
 @dataclasses.dataclass(frozen=True)
 class MemoryTimeline:
-  """Device bytes at each step of a program's schedule."""
+  """Device bytes at each step of a program's schedule.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import remat_explorer as rx
+    >>> f = rx.checkpoint(lambda w, x: jnp.sum(jnp.tanh(jnp.tanh(x @ w) @ w)))
+    >>> w, x = jax.random.normal(jax.random.key(0), (2, 16, 16))
+    >>> timeline = rx.compile_costs(f, w, x).timeline
+    >>> len(timeline.live_bytes) == len(timeline.steps), max(timeline.live_bytes) <= timeline.peak_bytes
+    (True, True)
+  """
   steps: tuple[str, ...]
   live_bytes: tuple[int, ...]
   buffers: tuple[Buffer, ...]

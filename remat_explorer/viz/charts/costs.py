@@ -54,7 +54,16 @@ def costs_breakdown(costs: CompiledCosts) -> dict[str, int]:
 @literal_text
 def plot_memory_breakdown(comparison: Comparison) -> Figure:
   """One stacked bar per compiled policy: arguments, outputs, residual
-  buffers live at the peak and the other temporaries, as XLA compiled them."""
+  buffers live at the peak and the other temporaries, as XLA compiled them.
+
+  Example:
+    >>> import remat_explorer as rx
+    >>> from remat_explorer import examples, viz
+    >>> loss_fn, args = examples.mlp(num_layers=2, width=16, batch=4)
+    >>> fig = viz.plot_memory_breakdown(rx.compare(loss_fn, *args, policies=['dots_saveable']))
+    >>> type(fig).__name__
+    'Figure'
+  """
   rows = [r for r in comparison.rows if not r.failed]
   fig = new_figure(figsize=(8, 0.45 * len(rows) + 1.9))
   ax = fig.add_subplot()
@@ -129,6 +138,15 @@ def plot_per_device_memory(costs: Comparison | Mapping[str, CompiledCosts]) -> F
   memory analysis of a partitioned executable is what each device holds, so
   the bars show how sharding splits the arguments, the residuals and the
   temporaries.
+
+  Example:
+    >>> import remat_explorer as rx
+    >>> from remat_explorer import examples, viz
+    >>> loss_fn, args = examples.mlp(num_layers=2, width=16, batch=4)
+    >>> costs = {p: rx.compile_costs(loss_fn, *args, policy=p)
+    ...          for p in ('nothing_saveable', 'everything_saveable')}
+    >>> type(viz.plot_per_device_memory(costs)).__name__
+    'Figure'
   """
   if isinstance(costs, Comparison):
     costs = {r.label: r.costs for r in costs.rows}
@@ -181,6 +199,15 @@ def plot_pareto(comparison: Comparison, *, selected: str | None = None,
   Policies that compile to the same point share one label listing them;
   labels go where they overlap nothing (``_labels``); the legend sits
   outside the data.
+
+  Example:
+    >>> import remat_explorer as rx
+    >>> from remat_explorer import examples, viz
+    >>> loss_fn, args = examples.mlp(num_layers=2, width=16, batch=4)
+    >>> comparison = rx.compare(loss_fn, *args, policies=['dots_saveable'])
+    >>> fig = viz.plot_pareto(comparison, selected='dots_saveable')
+    >>> type(fig).__name__
+    'Figure'
   """
   points = pareto_points(comparison)
   fig = new_figure(figsize=(MAX_WIDTH_INCHES, 5))
@@ -240,7 +267,16 @@ def residual_bytes_by_origin(report: RematReport) -> dict[str, int]:
 
 @literal_text
 def plot_residuals_by_origin(report: RematReport) -> Figure:
-  """Horizontal bars: residual bytes by origin under one policy."""
+  """Horizontal bars: residual bytes by origin under one policy.
+
+  Example:
+    >>> import remat_explorer as rx
+    >>> from remat_explorer import examples, viz
+    >>> loss_fn, args = examples.mlp(num_layers=2, width=16, batch=4)
+    >>> fig = viz.plot_residuals_by_origin(rx.analyze(loss_fn, *args))
+    >>> type(fig).__name__
+    'Figure'
+  """
   groups = residual_bytes_by_origin(report)
   fig = new_figure(figsize=(8, 0.35 * max(len(groups), 1) + 1.4))
   ax = fig.add_subplot()

@@ -42,6 +42,15 @@ def plot_memory_timeline(costs_by_label: Mapping[str, CompiledCosts], *,
   marked with its bytes. Up to `OVERLAY_AT_MOST` programs share one axes;
   more get one panel each, with the `reference` label's line (e.g.
   ``'no remat'``) repeated in grey in every panel for comparison.
+
+  Example:
+    >>> import remat_explorer as rx
+    >>> from remat_explorer import examples, viz
+    >>> loss_fn, args = examples.mlp(num_layers=2, width=16, batch=4)
+    >>> costs = {'as written': rx.compile_costs(loss_fn, *args),
+    ...          'no remat': rx.compile_costs(loss_fn, *args, policy=rx.analysis.NO_REMAT)}
+    >>> type(viz.plot_memory_timeline(costs, reference='no remat')).__name__
+    'Figure'
   """
   shown = {k: c for k, c in costs_by_label.items()
            if not c.failed and c.timeline is not None and c.timeline.steps}

@@ -17,7 +17,16 @@ from remat_explorer.viz.text import html_text
 
 def to_svg(digraph: graphviz.Digraph) -> str:
   """Render `digraph` to SVG text with Graphviz's ``dot`` binary; its
-  warnings are dropped (``render_svg`` keeps them)."""
+  warnings are dropped (``render_svg`` keeps them).
+
+  Example:
+    >>> import remat_explorer as rx
+    >>> from remat_explorer import examples, viz
+    >>> loss_fn, args = examples.mlp(num_layers=2, width=16, batch=4)
+    >>> svg = viz.to_svg(viz.split_graph(rx.analyze(loss_fn, *args)))
+    >>> '<svg' in svg, svg.rstrip().endswith('</svg>')
+    (True, True)
+  """
   return render_svg(digraph).svg
 
 

@@ -84,6 +84,14 @@ def split_graph(report: RematReport, *, block: str | None = None,
   its. `opens_on_click`: whether the page showing it opens a group on a
   click (the Explorer does); where it does not (the static report), the
   legend and tooltips say to pass the group's id in ``expand=`` instead.
+
+  Example:
+    >>> import remat_explorer as rx
+    >>> from remat_explorer import examples, viz
+    >>> loss_fn, args = examples.mlp(num_layers=2, width=16, batch=4)
+    >>> graph = viz.split_graph(rx.analyze(loss_fn, *args))
+    >>> type(graph).__name__, 'layer' in graph.source
+    ('SplitDigraph', True)
   """
   return _emit(split_diagram(report, block=block, max_nodes=max_nodes, expand=expand),
                opens_on_click)

@@ -53,7 +53,17 @@ def report_html(comparison, report, *, title: str | None = None,
                 search_result=None, shown_because: str = '') -> str:
   """The whole report as one HTML document (a string); `report` is the
   policy shown in detail, `shown_because` says why (e.g. 'the program as
-  written')."""
+  written').
+
+  Example:
+    >>> import remat_explorer as rx
+    >>> from remat_explorer import examples, viz
+    >>> loss_fn, args = examples.mlp(num_layers=2, width=16, batch=4)
+    >>> comparison = rx.compare(loss_fn, *args, policies=['dots_saveable'])
+    >>> html = viz.report_html(comparison, comparison.row('dots_saveable').report)
+    >>> html.startswith('<!DOCTYPE html>'), '<svg' in html
+    (True, True)
+  """
   esc = html_text
   title = title or f'Rematerialization report: {comparison.function}'
   selected = next((r for r in comparison.rows if r.report is report), None)

@@ -68,6 +68,15 @@ def residual_table_html(report: RematReport, *, sort_by: str = 'bytes',
 
   `sort_by` is one of ``RESIDUAL_SORT_KEYS``; bytes sort largest first
   unless `descending` says otherwise.
+
+  Example:
+    >>> import remat_explorer as rx
+    >>> from remat_explorer import examples, viz
+    >>> loss_fn, args = examples.mlp(num_layers=2, width=16, batch=4)
+    >>> report = rx.analyze(loss_fn, *args)
+    >>> html = viz.residual_table_html(report, sort_by='bytes')
+    >>> html.count('<tr') == len(report.residuals) + 1, 'layer_output' in html
+    (True, True)
   """
   if sort_by not in RESIDUAL_SORT_KEYS:
     raise ValueError(f'sort_by={sort_by!r} is not one of {sorted(RESIDUAL_SORT_KEYS)}')
@@ -142,7 +151,16 @@ def comparison_table_html(comparison: Comparison) -> str:
   collectives (those the recompute re-runs in brackets). A policy's notes
   (``row_note``: why it failed, its warnings) follow its row, across the
   table; a label longer than `LABEL_CHARS` is cut in its cell and given
-  whole there, so that no row grows tall."""
+  whole there, so that no row grows tall.
+
+  Example:
+    >>> import remat_explorer as rx
+    >>> from remat_explorer import examples, viz
+    >>> loss_fn, args = examples.mlp(num_layers=2, width=16, batch=4)
+    >>> html = viz.comparison_table_html(rx.compare(loss_fn, *args, policies=['dots_saveable']))
+    >>> html.startswith('<table'), 'dots_saveable' in html
+    (True, True)
+  """
   sharded = comparison.num_devices > 1
   headings = ['policy', 'residual bytes', 'compiled temp', 'compiled peak',
               'FLOPs (compiled)', 'FLOPs (jaxpr)', 'recompute FLOPs', 'compile', 'run', 'Pareto',
@@ -281,7 +299,17 @@ def peak_table_html(rows, *, caption: str = '', top: int = PEAK_TOP,
   bytes, kind, ``checkpoint_name``, module path, user source line, the
   pass that made it, the FLOPs dropping it would cost (a residual's
   producer), XLA's buffer. The largest rows are listed
-  (``shown_buffers``); the rest are summed up by kind in a last row."""
+  (``shown_buffers``); the rest are summed up by kind in a last row.
+
+  Example:
+    >>> import remat_explorer as rx
+    >>> from remat_explorer import examples, viz
+    >>> loss_fn, args = examples.mlp(num_layers=2, width=16, batch=4)
+    >>> report, costs = rx.analyze(loss_fn, *args), rx.compile_costs(loss_fn, *args)
+    >>> html = viz.peak_table_html(rx.live_at_peak(report, costs))
+    >>> html.startswith('<table'), 'params[' in html
+    (True, True)
+  """
   shown = shown_buffers(rows, top, residuals)
   headings, cells = drop_empty_columns(list(PEAK_HEADINGS), [peak_cells(r) for r in shown],
                                        keep=('bytes', 'kind', 'buffer'))

@@ -48,6 +48,15 @@ def explore(f, *args, argnums=0, **kwargs):
 
   It needs ipywidgets and anywidget (the ``[lab]`` extra); outside a
   notebook front end that runs widgets it displays as static HTML.
+
+  Example:
+    >>> import remat_explorer as rx
+    >>> from remat_explorer import examples
+    >>> loss_fn, args = examples.mlp(num_layers=2, width=16, batch=4)
+    >>> explorer = rx.explore(loss_fn, *args)  # a notebook cell's last line shows it
+    >>> explorer.policy.value, explorer.block.options
+    ('as written', ('all blocks', 'layer'))
+    >>> explorer.stop()
   """
   _layouts(f)
   check_keywords(explore, f, kwargs, argnums=argnums)
@@ -96,7 +105,18 @@ class Explorer:
   stands for) and the policy search. Tabs: the split diagram (pan, zoom; a click on a collapsed
   call opens it), residual table, compiled costs (with the memory timeline
   and what is live at its peak), policy comparison, jaxprs. A program that
-  cannot be analyzed as written still opens, with the error shown."""
+  cannot be analyzed as written still opens, with the error shown.
+
+  Example:
+    >>> import remat_explorer as rx
+    >>> from remat_explorer import examples
+    >>> loss_fn, args = examples.mlp(num_layers=2, width=16, batch=4)
+    >>> explorer = rx.Explorer(loss_fn, *args)
+    >>> explorer.policy.value = 'dots_saveable'  # as a click on the control does
+    >>> explorer.current_report().policy
+    'dots_saveable'
+    >>> explorer.stop()
+  """
 
   def __init__(self, f, *args, argnums=0, **kwargs):
     self.layouts = _layouts(f)
