@@ -78,3 +78,54 @@ def test_as_written_is_what_jax_and_xla_measure_for_the_unmodified_model(model):
   compiled = jax.jit(jax.value_and_grad(jax_loss)).lower(*jax_args).compile()
   assert row.temp_bytes == compiled.memory_analysis().temp_size_in_bytes
   assert row.report.blocks[0].policy.startswith('save_only_these_names(')
+
+
+def _parameter_modules(args) -> set[str]:
+  """Every module path the parameters name, from their pytree paths alone
+  (a leaf's path without its key, Linen's collection and value wrappers),
+  with each path's parents and the root ''."""
+  modules = {''}
+  for path, _ in jax.tree_util.tree_flatten_with_path(args[0])[0]:
+    keys = [str(getattr(k, 'key', getattr(k, 'name', getattr(k, 'idx', k)))) for k in path]
+    while keys and keys[-1] in ('value', 'raw_value'):
+      keys.pop()
+    keys = keys[1:] if keys and keys[0] == 'params' else keys
+    for n in range(len(keys)):
+      modules.add('/'.join(keys[:n]))
+  return modules
+
+
+def _check_module_paths(loss_fn, args):
+  from remat_explorer.analysis import compile_costs, live_at_peak, split_graph_of
+  report, costs = analyze(loss_fn, *args), compile_costs(loss_fn, *args)
+  modules = _parameter_modules(args)
+  graph = split_graph_of(report)
+  named = {
+      'residual': {r.module_path for r in report.residuals},
+      'block': {b.module_path for b in report.blocks},
+      'diagram node': {n.module_path for n in graph.nodes},
+      'diagram group': {t for n in graph.nodes for t in n.group_titles if '/' in t},
+      'peak buffer': {b.module_path for b in live_at_peak(report, costs)},
+      'to_dict': {r['module_path'] for r in report.to_dict()['residuals']},
+  }
+  for view, paths in named.items():
+    assert paths <= modules, (view, sorted(paths - modules))
+  assert len(named['peak buffer'] - {''}) >= 3, named['peak buffer']
+
+
+def test_every_view_names_a_module_as_its_parameters_do(model):
+  """One module path per module: the residuals, the diagram's blocks and
+  groups, and every buffer at the compiled peak (residual or not) use the
+  parameters' own paths, never a name stack's root class (Linen's
+  ``LinenModel/...``) or a library class (Equinox's ``eqx.nn.Linear``)."""
+  _, loss_fn, args = model
+  _check_module_paths(loss_fn, args)
+
+
+def test_linen_variables_name_modules_as_their_params_do():
+  """Linen's parameters given as the whole ``{'params': ...}`` variables:
+  modules are named as with the ``params`` alone (``blocks/qkv``, not
+  ``params/blocks/qkv``), in every view."""
+  loss_fn, (params, tokens) = framework_models.linen_transformer()
+  _check_module_paths(lambda variables, tokens: loss_fn(variables['params'], tokens),
+                      ({'params': params}, tokens))

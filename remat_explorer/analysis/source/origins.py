@@ -33,6 +33,7 @@ import functools
 import importlib.util
 import os
 import re
+import sys
 import sysconfig
 from typing import Iterable, Sequence
 
@@ -118,8 +119,9 @@ def is_library_file(path: str) -> bool:
 class CodeSite:
   """A line of the user's code."""
   file: str
-  """Relative to the working directory when under it, else absolute; a
-  notebook cell as ``In [12]``."""
+  """Relative to the working directory when under it, else to the
+  ``sys.path`` entry it is imported from (``relative_path``); a notebook
+  cell as ``In [12]``."""
   line: int
   function: str
 
@@ -238,19 +240,24 @@ def site_of(frame: Frame) -> CodeSite:
 
 
 def relative_path(path: str) -> str:
-  """How a file is shown: a notebook cell as ``In [12]``, a file under the
-  working directory relative to it, any other file as it is."""
+  """How a file is shown: a notebook cell as ``In [12]``, a module by its
+  path under the ``sys.path`` entry it is imported from, another file
+  under the working directory relative to it, any other file as it is."""
   number = cell_number(path)
   return _relative_path(path) if number is None else cell_label(number)
 
 
 @functools.lru_cache(maxsize=4096)
 def _relative_path(path: str) -> str:
-  try:
-    relative = os.path.relpath(path)
-  except ValueError:  # another drive (Windows)
-    return path
-  return path if relative.startswith('..') else relative
+  """Relative to the deepest of the working directory and the ``sys.path``
+  entries that holds it: a module as its import names it
+  (``recurrentgemma/jax/layers.py``, even from a virtual environment inside
+  the project), the user's other files from the working directory; else
+  as it is."""
+  real = os.path.realpath(path)
+  roots = {os.path.realpath(p or os.curdir) for p in (os.curdir, *sys.path)}
+  holding = [r for r in roots if real.startswith(r.rstrip(os.sep) + os.sep)]
+  return os.path.relpath(real, max(holding, key=len)) if holding else path
 
 
 def entry_function(call_eqn, body) -> str | None:
@@ -327,6 +334,10 @@ _VIEWS = frozenset('''reshape squeeze expand_dims broadcast_in_dim convert_eleme
   transpose copy copy_p slice dynamic_slice device_put sharding_constraint
   reduce_precision'''.split())
 _LEAF_WRAPPERS = ('value', 'raw_value')
+# Flax Linen's variable collections: ``variables['params']['blocks']`` is
+# the module ``blocks``, the path Flax's own name stack and the
+# ``params`` argument alone give it.
+_COLLECTIONS = ('params', 'batch_stats', 'cache', 'intermediates')
 
 
 def path_components(arg_name: str) -> tuple[str, ...]:
@@ -342,6 +353,8 @@ def module_of_parameter(arg_name: str) -> str:
   parts = list(path_components(arg_name))[1:]
   while parts and parts[-1] in _LEAF_WRAPPERS:
     parts.pop()
+  if len(parts) > 1 and parts[0] in _COLLECTIONS:
+    parts = parts[1:]
   return '/'.join(parts[:-1])
 
 
@@ -398,11 +411,18 @@ class ModulePaths:
   def __init__(self, jaxpr, arg_names: Sequence[str]):
     self._by_call: dict[tuple, set[str]] = {}
     self._direct: dict[object, set[str]] = {}
+    self._roots: set[str] = set()
     paths = {v: module_of_parameter(n) for v, n in zip(jaxpr.invars, arg_names)
              if n and module_of_parameter(n)}
     self._walk(jaxpr, paths)
     self._path_of_call = {k: _common_path(v) for k, v in self._by_call.items()}
     self._path_of_line = {k: _common_path(v) for k, v in self._direct.items()}
+    self._top_modules = {p.split('/')[0] for p in (*paths.values(), *self._path_of_call.values())
+                         if p}
+    by_site: dict[tuple, set[str]] = {}
+    for call, found in self._by_call.items():
+      by_site.setdefault(call[-2:], set()).update(found)
+    self._path_of_site = {k: _common_path(v) for k, v in by_site.items()}
 
   def _walk(self, jaxpr, paths: dict) -> set[str]:
     """Record the module paths each equation reads; return all of them.
@@ -425,6 +445,7 @@ class ModulePaths:
       tb = eqn.source_info.traceback
       if read and not subs and tb is not None:
         self._direct.setdefault(tb, set()).add(_common_path(read))
+        self._note_root(clean_scope(eqn.source_info.name_stack), _common_path(read))
       found = inside if subs else ({_common_path(read)} if read else set())
       if found and tb is not None:
         for call in _calls(frames_of(tb)):
@@ -444,6 +465,42 @@ class ModulePaths:
       if self._path_of_call.get(call):
         return self._path_of_call[call]
     return ''
+
+  def _note_root(self, scope: str, path: str) -> None:
+    """Where a name stack ends in the module path of the parameters its
+    equation reads, what comes before is the model's root (Linen's root
+    class: ``LinenModel/blocks/qkv`` for ``blocks/qkv``)."""
+    if path and scope.endswith('/' + path):
+      self._roots.add(scope[:-len(path) - 1])
+
+  def of_scope(self, scope: str) -> str:
+    """A name stack in the parameters' terms: from its first part that is
+    a top-level module of the parameters (``LinenModel/blocks/mlp`` ->
+    ``blocks/mlp``, as ``of`` names the module); as it is where none is."""
+    parts = [p for p in scope.split('/') if p]
+    for i, part in enumerate(parts):
+      if part in self._top_modules:
+        return '/'.join(parts[i:])
+    for root in self._roots:
+      if scope == root or scope.startswith(root + '/'):
+        return scope[len(root) + 1:]
+    return scope
+
+  def of_stack(self, frames: Sequence[Frame], scope: str = '') -> str:
+    """The module path of a compiled instruction, from the stack and name
+    stack XLA records for it, the same string ``of`` gives the equation it
+    was lowered from: its innermost method call that reads parameters,
+    else `scope` in the parameters' terms.
+
+    XLA's stack starts elsewhere than the traced one (at the compile, or
+    at a loop body's function), so a method call is matched by its own
+    call site where the whole chain differs."""
+    calls = self.method_paths(frames)
+    found = calls[max(calls)] if calls else None
+    if found is None:
+      found = next((self._path_of_site[key[-2:]] for key in reversed(_calls(frames))
+                    if key[-2:] in self._path_of_site), None)
+    return found or self.of_scope(scope)
 
   def method_paths(self, frames: Sequence[Frame]) -> dict[int, str]:
     """For the frames of a call stack (outermost first), the module path of

@@ -70,7 +70,7 @@ class Producer:
     for eqn in (self.eqn, *reversed(self.enclosing)):
       if path := paths.of(eqn):
         return path
-    return self.scope
+    return paths.of_scope(self.scope)
 
 
 # Bookkeeping the split adds on a residual: look through to the value.

@@ -58,8 +58,10 @@ class PeakBuffer:
   (``params['blocks']['w1']``), ``gradient of`` one, ``loop state`` of
   a loop, ``scratch of`` a loop body; '' where nothing more is known."""
   scope: str = ''
-  """The module path JAX's name stack gives the instruction that computed
-  it (for buffers that are not residuals)."""
+  """The module path of the instruction that computed it (for buffers that
+  are not residuals), the same string ``Residual.module_path`` and the
+  diagram give that module: from the user's method calls in the stack XLA
+  records, else JAX's name stack in the parameters' terms."""
   parts: tuple['PeakBuffer', ...] = ()
   """For a loop's temporaries (``/temps``): the buffers its body holds at
   the busiest step of its schedule, largest first. Their bytes make XLA's
@@ -116,7 +118,19 @@ class PeakExplanation:
 def live_at_peak(report: RematReport, costs: CompiledCosts,
                  step: int | None = None) -> list[PeakBuffer]:
   """Every device buffer live at `step` (the timeline's peak by default),
-  largest first, residuals linked to the report's."""
+  largest first, residuals linked to the report's.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import remat_explorer as rx
+    >>> def loss(w, x):
+    ...   layer = rx.checkpoint(lambda h: jnp.tanh(h @ w))
+    ...   return jnp.sum(layer(layer(x)))
+    >>> w, x = jax.random.normal(jax.random.key(0), (2, 16, 16))
+    >>> report, costs = rx.analyze(loss, w, x), rx.compile_costs(loss, w, x)
+    >>> sorted(b.label for b in rx.live_at_peak(report, costs) if b.kind == 'parameter')
+    ['w', 'x']
+  """
   _check_order(report, costs)
   if costs.failed or costs.timeline is None:
     return []
@@ -128,13 +142,36 @@ def live_at_peak(report: RematReport, costs: CompiledCosts,
 
 
 def residuals_at_peak(report: RematReport, costs: CompiledCosts) -> list[PeakBuffer]:
-  """The residual buffers live at the timeline's peak, largest first."""
+  """The residual buffers live at the timeline's peak, largest first.
+
+  Example:
+    >>> import remat_explorer as rx
+    >>> from remat_explorer import examples
+    >>> loss_fn, args = examples.mlp(num_layers=2, width=16, batch=4)
+    >>> policy = rx.checkpoint_policies.save_only_these_names('pre_activation')
+    >>> report = rx.analyze(loss_fn, *args, policy=policy)
+    >>> costs = rx.compile_costs(loss_fn, *args, policy=policy)
+    >>> 'pre_activation' in {b.name for b in rx.residuals_at_peak(report, costs)}
+    True
+  """
   return [b for b in live_at_peak(report, costs) if b.kind == 'residual']
 
 
 def explain_peak(report: RematReport, costs: CompiledCosts) -> PeakExplanation | None:
   """The buffers live at the compiled peak and the named gap between their
-  sum and the peak; None without a timeline (a failed compile)."""
+  sum and the peak; None without a timeline (a failed compile).
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import remat_explorer as rx
+    >>> from remat_explorer import analysis
+    >>> f = rx.checkpoint(lambda w, x: jnp.sum(jnp.tanh(jnp.tanh(x @ w) @ w)))
+    >>> w, x = jax.random.normal(jax.random.key(0), (2, 16, 16))
+    >>> costs = rx.compile_costs(f, w, x)
+    >>> why = analysis.explain_peak(rx.analyze(f, w, x), costs)
+    >>> why.peak_bytes == why.listed_bytes + why.gap_bytes == costs.timeline.peak_bytes
+    True
+  """
   buffers = live_at_peak(report, costs)
   if costs.failed or costs.timeline is None:
     return None
@@ -188,13 +225,20 @@ class _Words:
     self.report, self.policy = report, report.policy
     self.timeline = costs.timeline
     self.residual_of = _residuals_by_buffer(report, costs)
+    self.paths = report.module_paths
     self.outputs = max((b.output_index for b in self.timeline.buffers
                         if b.output_index is not None), default=-1) + 1
+
+  def module_path(self, buffer: Buffer) -> str:
+    """The module that computed `buffer`, named as the report names its
+    residuals' modules (``Residual.module_path``)."""
+    scope = scope_of(buffer.computed_by)
+    return scope if self.paths is None else self.paths.of_stack(buffer.frames, scope)
 
   def describe(self, buffer: Buffer) -> PeakBuffer:
     made_by = pass_of(buffer.op_name)
     common = dict(buffer=buffer.name, bytes=buffer.bytes, policy=self.policy,
-                  scope=scope_of(buffer.computed_by))
+                  scope=self.module_path(buffer))
     if buffer.is_residual:
       residual = self.residual_of.get(buffer.name)
       source = residual.source if residual is not None and residual.source else ''
@@ -220,7 +264,7 @@ class _Words:
              else f'scratch of {loop}')
     return PeakBuffer(buffer=buffer.name, bytes=buffer.bytes, kind='temporary',
                       made_by=pass_of(buffer.op_name), source=user_line(buffer.frames),
-                      policy=self.policy, label=label, scope=scope_of(buffer.computed_by),
+                      policy=self.policy, label=label, scope=self.module_path(buffer),
                       parts=tuple(self._part(p, buffer.name) for p in buffer.parts))
 
   def _argument(self, op_name: str) -> str:
