@@ -71,6 +71,21 @@ def test_peak_table_lists_the_top_residual_with_its_user_source_line(nnx):
   assert 'remat-live-residual' in row
 
 
+def test_every_residual_at_the_peak_says_what_it_holds(nnx):
+  """The "holds" cell of a residual is never empty: its checkpoint name,
+  else the argument it is, else the output of the primitive that made it
+  (the nnx model saves unnamed matmul outputs beside its named values)."""
+  report, costs, _ = nnx
+  rows = [r for r in live_at_peak(report, costs) if r.kind == 'residual' and r.residual]
+  assert any(r.name is None for r in rows), [r.name for r in rows]
+  for r in rows:
+    said = r.holds()
+    assert said, r
+    expected = r.residual.name or r.residual.argument or f'output of {r.residual.primitive}'
+    assert said.startswith(expected), (said, expected)
+    assert html.escape(said, quote=True) in _row_of(tables.peak_table_html(rows), r.buffer)
+
+
 def test_peak_table_lists_the_largest_and_sums_up_the_rest(nnx):
   report, costs, _ = nnx
   rows = live_at_peak(report, costs)

@@ -81,11 +81,21 @@ class PeakBuffer:
     """At least this many FLOPs would be recomputed if it were not saved."""
     return None if self.residual is None else self.residual.producer_flops
 
+  def _residual_held(self) -> str:
+    """An unnamed residual in words: the argument it is, or the output of
+    the primitive that computed it."""
+    r = self.residual
+    if r is None:
+      return ''
+    if r.argument:
+      return r.argument
+    return f'output of {r.primitive}' if r.primitive else r.kind
+
   def holds(self, parts: int = 3) -> str:
     """What it holds, in a line: the ``checkpoint_name`` or `label`, and
     for a loop's temporaries its `parts` largest parts, each with its
     module path or line."""
-    text = self.name or self.label
+    text = self.name or self.label or self._residual_held()
     if self.parts:
       shown = ', '.join(
           f'{format_bytes(p.bytes)} {p.module_path or p.source or p.buffer}'
