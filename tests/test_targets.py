@@ -398,6 +398,21 @@ def test_a_step_that_does_not_fit_the_target_is_refused_not_fatal():
   assert ('everything_saveable', False) in [(c.label, c.fits) for c in found.candidates]
 
 
+def test_a_concrete_array_beside_a_targets_arguments_goes_to_the_target():
+  """An array made on this machine (uncommitted, as ``jax.random`` makes
+  it) beside shapes sharded over a target mesh: jit moves it to the
+  target, and every figure is the target's, not the CPU's."""
+  mesh = rx.target_mesh('h100:8')
+  w = jax.random.normal(jax.random.key(3), (256, 256))
+  x = jax.ShapeDtypeStruct((64, 256), jnp.float32, sharding=NamedSharding(mesh, P('data')))
+  loss = lambda w, x: jnp.mean(jnp.tanh(x @ w) ** 2)
+  costs = rx.compile_costs(loss, w, x)
+  by_hand = _by_hand(loss, w, x)
+  assert (costs.platform, costs.device_kind) == ('gpu', 'NVIDIA H100 80GB HBM3'), costs.device_kind
+  assert costs.num_devices == 8 and costs.fits is True
+  assert costs.peak_bytes == by_hand.memory_analysis().peak_memory_in_bytes
+
+
 def test_two_targets_of_one_shape_are_not_confused():
   """The same program on two GPUs with meshes of one shape: each result is
   its own target's (a cache keyed on the shardings' text alone would give

@@ -93,12 +93,15 @@ def find_placement(leaves: Sequence, program: core.ClosedJaxpr) -> Placement | N
 
 
 def _first_device(leaves: Sequence, meshes: list):
-  """The first device, by id, of the arguments' shardings or of a mesh
-  with devices (an ``AbstractMesh`` has none)."""
-  for leaf in leaves:
-    sharding = getattr(leaf, 'sharding', None)
-    if isinstance(sharding, jax.sharding.Sharding):
-      return min(sharding.device_set, key=lambda d: d.id)
+  """The first device, by id, of the arguments' shardings (those committed
+  to devices first: an uncommitted array follows the others, as ``jit``
+  moves it) or of a mesh with devices (an ``AbstractMesh`` has none)."""
+  for committed in (True, False):
+    for leaf in leaves:
+      sharding = (_committed_sharding(leaf) if committed
+                  else getattr(leaf, 'sharding', None))
+      if isinstance(sharding, jax.sharding.Sharding):
+        return min(sharding.device_set, key=lambda d: d.id)
   for mesh in meshes:
     if isinstance(mesh, Mesh):
       return min(mesh.devices.flat, key=lambda d: d.id)

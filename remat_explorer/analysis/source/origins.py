@@ -249,15 +249,28 @@ def relative_path(path: str) -> str:
 
 @functools.lru_cache(maxsize=4096)
 def _relative_path(path: str) -> str:
-  """Relative to the deepest of the working directory and the ``sys.path``
-  entries that holds it: a module as its import names it
-  (``recurrentgemma/jax/layers.py``, even from a virtual environment inside
-  the project), the user's other files from the working directory; else
-  as it is."""
+  """A module's file as its import names it (``recurrentgemma/jax/
+  layers.py``, wherever the package is installed, editable or not);
+  another file relative to the deepest of the working directory and the
+  ``sys.path`` entries that holds it; else as it is."""
   real = os.path.realpath(path)
+  module = _module_names().get(real)
+  if module is not None:
+    return module.replace('.', os.sep) + (
+        os.sep + '__init__.py' if os.path.basename(real) == '__init__.py' else '.py')
   roots = {os.path.realpath(p or os.curdir) for p in (os.curdir, *sys.path)}
   holding = [r for r in roots if real.startswith(r.rstrip(os.sep) + os.sep)]
   return os.path.relpath(real, max(holding, key=len)) if holding else path
+
+
+def _module_names() -> dict[str, str]:
+  """The real path of each imported module's ``.py`` file -> its name."""
+  found = {}
+  for name, module in list(sys.modules.items()):
+    file = getattr(module, '__file__', None)
+    if name != '__main__' and isinstance(file, str) and file.endswith('.py'):
+      found.setdefault(os.path.realpath(file), name)
+  return found
 
 
 def entry_function(call_eqn, body) -> str | None:
