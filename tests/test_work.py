@@ -124,3 +124,32 @@ def test_running_the_cell_again_stops_the_earlier_explorer(monkeypatch):
   second.policy.value = 'dots_saveable'
   second.wait(120)
   assert 'compiled under dots_saveable' in second.costs_view.value
+
+
+SCRIPT_ENDING_MID_COMPILE = '''
+import remat_explorer as rx
+from remat_explorer import examples
+f, args = examples.transformer(num_layers=2, d_model=32, num_heads=4, seq_len=8, batch=2, seed=4)
+explorer = rx.Explorer(f, *args)
+explorer.block.value = explorer.block.options[1]
+explorer.policy.value = 'dots_saveable'   # a compile starts on a worker
+explorer.stop()
+print('last line')
+'''
+
+
+def test_a_script_that_ends_while_a_compile_runs_exits_cleanly(tmp_path):
+  """A script whose last line leaves a compile under way: the process
+  waits for it and exits with 0 (XLA aborted it with SIGABRT when the
+  interpreter was torn down under the compile)."""
+  import subprocess
+  import sys
+  from pathlib import Path
+  script = tmp_path / 'script.py'
+  script.write_text(SCRIPT_ENDING_MID_COMPILE)
+  env = {'PATH': '/usr/bin:/bin', 'JAX_PLATFORMS': 'cpu', 'MPLBACKEND': 'Agg',
+         'PYTHONPATH': str(Path(__file__).resolve().parents[1])}
+  done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                        timeout=300, env=env)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert 'last line' in done.stdout

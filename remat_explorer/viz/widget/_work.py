@@ -20,18 +20,32 @@ and a still newer one replaces it, so that a user stepping through five
 policies compiles the first and the last, not five. A request equal to the
 running or waiting one (its *key*: a double click) joins it instead of
 queueing a copy. A compile under way cannot be interrupted (XLA offers no
-way); ``stop`` drops what waits and the results of what runs.
+way); ``stop`` drops what waits and the results of what runs. A process
+that ends (a script's last line) first lets the compiles under way finish:
+XLA aborts the process when the interpreter is torn down under one.
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import itertools
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable
+
+
+_workers: 'weakref.WeakSet[threading.Thread]' = weakref.WeakSet()
+"""Every worker thread still alive (daemons: the kernel may stop any time)."""
+
+
+@atexit.register
+def _let_compiles_finish() -> None:
+  for thread in list(_workers):
+    thread.join()
 
 
 @dataclass
@@ -146,8 +160,9 @@ class Work:
         self.post(lambda: job.apply(result))
       finally:
         self.post(lambda: self._finish(job.id, group))
-    threading.Thread(target=run, daemon=True,
-                     name=f'remat-explorer: {job.label}').start()
+    thread = threading.Thread(target=run, daemon=True, name=f'remat-explorer: {job.label}')
+    _workers.add(thread)
+    thread.start()
 
   def running(self) -> list[Task]:
     return list(self.tasks.values())
