@@ -107,6 +107,43 @@ def test_a_block_picked_gets_the_policy_alone(explorer):
   e.wait(300)
 
 
+def layer(x, w):
+  return jnp.tanh(jnp.sin(x @ w) @ w)
+
+
+def layers(policy=None):
+  """Two layers of one function, each call checkpointed: two blocks that
+  run `layer`."""
+  def loss(w, x):
+    for _ in range(2):
+      x = jax.checkpoint(layer, policy=policy)(x, w)
+    return jnp.sum(x ** 2)
+  return loss
+
+
+def test_a_function_run_by_several_blocks_takes_its_choice_in_all_and_says_so():
+  """Picking the second of two layers of one function: the choice is the
+  function's, as ``jax.checkpoint`` code can write it. Every block that
+  runs it changes, the captions say how many, and the copied code, run,
+  builds the program the view shows."""
+  e = rx.explore(layers(), W, X)
+  try:
+    assert e.block.options == (ALL_BLOCKS, 'layer', 'layer#2')
+    e.block.value = 'layer#2'
+    e.policy.value = 'dots_saveable'
+    shown = e.current_report()
+    assert [b.policy for b in shown.blocks] == ['dots_saveable', 'dots_saveable']
+    assert 'layer (all 2 blocks): dots_saveable' in e.controls.per_block.value
+    assert 'with layer (all 2 blocks): dots_saveable' in e.split_note.value
+    namespace = {}
+    exec(e.controls.copy.code, namespace)
+    rebuilt = analyze(layers(namespace['policies']['layer']), W, X)
+    assert _residuals(rebuilt) == _residuals(shown)
+    assert _residuals(shown) != _residuals(analyze(layers(), W, X))
+  finally:
+    e.stop()
+
+
 def test_a_policy_written_as_an_expression(explorer):
   e = explorer
   text = "save_from_both_policies(dots_saveable, save_only_these_names('hidden'))"

@@ -1,9 +1,11 @@
 """The Explorer's policy controls: which policy each remat block runs under.
 
 One policy for every block (the "policy" dropdown with "all blocks"), or a
-block and a policy for that block alone: each block picked keeps its own
-choice, the others the one for all blocks, and the views show the whole
-combination (``{block function: policy}``, as ``analyze`` takes it). A
+block and a policy for the function it runs: each function picked keeps its
+own choice, the others the one for all blocks, and the views show the whole
+combination (``{block function: policy}``, as ``analyze`` takes it and the
+copied code writes it). A choice for a function that several blocks run
+(the layers of an unrolled model) applies to all of them, and says so. A
 policy can also be written as an expression (``parse_policy`` reads it:
 nothing of it is run) or picked as a set of the program's names. Every
 choice that is not a built-in becomes a row of "compare all policies", and
@@ -143,9 +145,16 @@ class PolicyControls:
     """The choice in words: the option, then each block given its own."""
     text = self.option_label(self.base)
     if self.own:
-      text += ', with ' + '; '.join(f'{function}: {self.option_label(label)}'
+      text += ', with ' + '; '.join(f'{self._function_text(function)}: {self.option_label(label)}'
                                     for function, label in sorted(self.own.items()))
     return text
+
+  def _function_text(self, function: str) -> str:
+    """A block's function as the choice applies to it: to every block that
+    runs it (the layers of an unrolled model), said with their count, as
+    ``policy={function: ...}`` and the copied code apply it."""
+    blocks = sum(1 for f in self._functions.values() if f == function)
+    return function if blocks < 2 else f'{function} (all {blocks} blocks)'
 
   def shown(self) -> None:
     """The choice is on screen: a row to compare if it is no built-in, and
@@ -258,7 +267,8 @@ class PolicyControls:
       self.per_block.value = (
           '<span class="remat-caption">' + html_text(
               f'all blocks: {self.option_label(self.base)} · '
-              + ' · '.join(f'{f}: {self.option_label(l)}' for f, l in sorted(self.own.items())))
+              + ' · '.join(f'{self._function_text(f)}: {self.option_label(l)}'
+                           for f, l in sorted(self.own.items())))
           + '</span>')
     else:
       self.per_block.value = ''
