@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import statistics
 import sys
 import time
@@ -53,6 +54,8 @@ def models(frameworks: bool):
     yield 'flax linen', framework_models.linen_transformer(), ()
     yield 'flax nnx', framework_models.nnx_transformer(), ()
     yield 'equinox', framework_models.equinox_transformer(), ()
+    yield 'linen recurrent', framework_models.linen_recurrent(batch=8, seq=256, width=256,
+                                                              depth=4), ()
 
 
 def nchw_convnet(num_blocks=3, channels=16, image_size=32, batch=8, seed=0):
@@ -118,7 +121,7 @@ class FullCollections:
 
 def bench_estimates(frameworks: bool) -> None:
   peak_errors, flops_errors, time_ratios, added_ratios = [], [], [], []
-  outside_errors = []
+  outside_errors, peaks = [], {}
   collections, collected = FullCollections(), []
   print(f'{"model":<24} {"policy":<36} {"peak est/compiled":>24} {"error":>8} '
         f'{"FLOPs error":>11} {"time (of compile)":>18} {"added":>7}')
@@ -140,6 +143,7 @@ def bench_estimates(frameworks: bool) -> None:
       added = (estimate.model_seconds - in_model) / compile_seconds
       collected.append(in_model)
       (peak_errors if name in EXAMPLES else outside_errors).append(abs(peak_error))
+      peaks.setdefault(name, {})[label] = (estimate.peak_bytes, costs.peak_bytes)
       flops_errors.append(abs(flops_error))
       time_ratios.append(ratio)
       added_ratios.append(added)
@@ -153,6 +157,12 @@ def bench_estimates(frameworks: bool) -> None:
   print(f'peak, the others: largest error {max(outside_errors):.1%}, median '
         f'{statistics.median(outside_errors):.1%}, within 10% on '
         f'{sum(e <= 0.10 for e in outside_errors)} of {len(outside_errors)}')
+  inverted = [(name, a, b) for name, rows in peaks.items()
+              for (a, (est_a, got_a)), (b, (est_b, got_b)) in itertools.combinations(rows.items(), 2)
+              if abs(got_a / got_b - 1) > 0.10 and (est_a < est_b) != (got_a < got_b)]
+  print(f'order: {len(inverted)} pairs of policies whose compiled peaks differ by more than '
+        f'10% ordered the other way by the estimate (target 0)'
+        + ''.join(f'\n  {name}: {a} / {b}' for name, a, b in inverted))
   print(f'FLOPs: largest error {max(flops_errors):.1%}, median '
         f'{statistics.median(flops_errors):.1%}')
   print(f'time: the estimate, its trace included, over compile_costs alone: median '

@@ -70,6 +70,67 @@ def linen_transformer(batch=4, seq=16, remat=True):
   return loss_fn, (params, tokens)
 
 
+# A Griffin-style recurrent LM (recurrentgemma's shape, written here): each
+# block a gated linear recurrence (RG-LRU) run by an unrolled inner
+# ``lax.scan`` beside an MLP, the blocks ``nn.remat``ed and unrolled.
+
+class LinenRgLru(nn.Module):
+  width: int
+
+  @nn.compact
+  def __call__(self, x):
+    gate_x = nn.sigmoid(nn.Dense(self.width, name='input_gate')(x))
+    gate_a = nn.sigmoid(nn.Dense(self.width, name='a_gate')(x))
+    decay = nn.softplus(self.param('a_param', nn.initializers.normal(1.0), (self.width,)))
+    log_a = -8.0 * gate_a * decay
+    normed = x * gate_x * jnp.sqrt(1 - jnp.exp(2 * log_a))
+
+    def step(h, inputs):
+      a_t, x_t = inputs
+      h = a_t * h + x_t
+      return h, h
+    _, ys = jax.lax.scan(step, jnp.zeros((x.shape[0], x.shape[2])),
+                         (jnp.exp(log_a).swapaxes(0, 1), normed.swapaxes(0, 1)), unroll=16)
+    return ys.swapaxes(0, 1)
+
+
+class LinenRecurrentBlock(nn.Module):
+  width: int
+
+  @nn.compact
+  def __call__(self, x):
+    h = nn.RMSNorm(name='norm')(x)
+    y = nn.gelu(nn.Dense(self.width, name='y_proj')(h))
+    recurrent = LinenRgLru(self.width, name='rg_lru')(nn.Dense(self.width, name='x_proj')(h))
+    x = x + nn.Dense(self.width, name='out')(recurrent * y)
+    h = nn.RMSNorm(name='mlp_norm')(x)
+    return x + nn.Dense(self.width, name='down')(nn.gelu(nn.Dense(3 * self.width, name='up')(h)))
+
+
+class LinenRecurrentModel(nn.Module):
+  width: int = 64
+  depth: int = 3
+
+  @nn.compact
+  def __call__(self, tokens):
+    x = nn.Embed(VOCAB, self.width, name='embed')(tokens)
+    for i in range(self.depth):
+      x = nn.remat(LinenRecurrentBlock)(self.width, name=f'block{i}')(x)
+    return nn.Dense(VOCAB, name='head')(nn.RMSNorm(name='final_norm')(x))
+
+
+def linen_recurrent(batch=4, seq=64, width=64, depth=3):
+  model = LinenRecurrentModel(width=width, depth=depth)
+  tokens = jax.random.randint(jax.random.key(5), (batch, seq), 0, VOCAB)
+  params = model.init(jax.random.key(6), tokens)['params']
+
+  def loss_fn(params, tokens):
+    logits = model.apply({'params': params}, tokens)
+    return optax.softmax_cross_entropy_with_integer_labels(
+        logits[:, :-1], tokens[:, 1:]).mean()
+  return loss_fn, (params, tokens)
+
+
 # -- Flax NNX -----------------------------------------------------------------------
 
 class Attention(nnx.Module):
