@@ -1,7 +1,9 @@
 """Memory and time of ``compare`` against the same compiles done by hand.
 
-For an unrolled model and a scanned one (the example transformer both ways,
-and, with ``--linen``, a Flax Linen ``nn.scan(nn.remat(Block))`` LM), it
+For an unrolled model and a scanned one (the example transformer both ways)
+and a Griffin-style recurrent Flax Linen LM (``--models recurrent``: its
+blocks ``nn.remat``ed and unrolled, each a gated linear recurrence under an
+unrolled inner scan; ``tests/framework_models.linen_recurrent``), it
 runs in one process ``compare`` of every built-in policy, the program as
 written and no remat, and in a process of its own the same training steps
 compiled by hand one at a time (``jax.jit(jax.value_and_grad(f))`` with
@@ -29,10 +31,15 @@ from bench.process_memory import peak_rss_mib  # noqa: E402
 from remat_explorer import examples  # noqa: E402
 from remat_explorer.analysis import builtin_policies  # noqa: E402
 
-MODELS = ('unrolled', 'scanned')
+MODELS = ('unrolled', 'scanned', 'recurrent')
 
 
 def _problem(model: str, layers: int, width: int, policy=None, remat=True):
+  if model == 'recurrent':
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'tests'))
+    import framework_models
+    return framework_models.linen_recurrent(batch=8, seq=256, width=width, depth=layers,
+                                            remat=remat, policy=policy)
   return examples.transformer(num_layers=layers, d_model=width, seq_len=256, batch=16,
                               use_scan=model == 'scanned', policy=policy, remat=remat)
 
@@ -80,7 +87,7 @@ def main():
     run = by_hand if a.run == 'hand' else with_compare
     Path(a.json).write_text(json.dumps(run(a.model, a.layers, a.width)))
     return
-  print(f'example transformer, {a.layers} layers of width {a.width}; each side in a '
+  print(f'{a.layers} layers (blocks) of width {a.width}; each side in a '
         'process of its own (peak RSS is the process\'s)')
   for model in a.models:
     hand = _in_a_process('hand', model, a.layers, a.width)

@@ -110,17 +110,21 @@ class LinenRecurrentBlock(nn.Module):
 class LinenRecurrentModel(nn.Module):
   width: int = 64
   depth: int = 3
+  remat: bool = True
+  policy: object = None
 
   @nn.compact
   def __call__(self, tokens):
     x = nn.Embed(VOCAB, self.width, name='embed')(tokens)
+    block = (nn.remat(LinenRecurrentBlock, policy=self.policy) if self.remat
+             else LinenRecurrentBlock)
     for i in range(self.depth):
-      x = nn.remat(LinenRecurrentBlock)(self.width, name=f'block{i}')(x)
+      x = block(self.width, name=f'block{i}')(x)
     return nn.Dense(VOCAB, name='head')(nn.RMSNorm(name='final_norm')(x))
 
 
-def linen_recurrent(batch=4, seq=64, width=64, depth=3):
-  model = LinenRecurrentModel(width=width, depth=depth)
+def linen_recurrent(batch=4, seq=64, width=64, depth=3, remat=True, policy=None):
+  model = LinenRecurrentModel(width=width, depth=depth, remat=remat, policy=policy)
   tokens = jax.random.randint(jax.random.key(5), (batch, seq), 0, VOCAB)
   params = model.init(jax.random.key(6), tokens)['params']
 

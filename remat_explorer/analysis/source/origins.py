@@ -264,13 +264,21 @@ def _relative_path(path: str) -> str:
 
 
 def _module_names() -> dict[str, str]:
-  """The real path of each imported module's ``.py`` file -> its name."""
-  found = {}
-  for name, module in list(sys.modules.items()):
-    file = getattr(module, '__file__', None)
-    if name != '__main__' and isinstance(file, str) and file.endswith('.py'):
-      found.setdefault(os.path.realpath(file), name)
-  return found
+  """The real path of each imported module's ``.py`` file -> its name:
+  read again only once more modules are imported (a read resolves a
+  thousand paths)."""
+  global _names_read
+  if _names_read[0] != len(sys.modules):
+    found = {}
+    for name, module in list(sys.modules.items()):
+      file = getattr(module, '__file__', None)
+      if name != '__main__' and isinstance(file, str) and file.endswith('.py'):
+        found.setdefault(os.path.realpath(file), name)
+    _names_read = (len(sys.modules), found)
+  return _names_read[1]
+
+
+_names_read: tuple[int, dict[str, str]] = (-1, {})
 
 
 def entry_function(call_eqn, body) -> str | None:
