@@ -578,3 +578,35 @@ def test_compare_counts_rows_done_while_it_still_analyzes(monkeypatch):
   last_analysis = max(i for i, (kind, _) in enumerate(log) if kind == 'analyze')
   assert log[last_analysis][1] == 'everything_saveable'
   assert any(kind == 'done' for kind, _ in log[:last_analysis])
+
+
+def _compiles_in_flight(monkeypatch) -> dict:
+  """Wraps XLA's compile to record how many run at once, at most."""
+  import threading
+  seen, lock = {'now': 0, 'most': 0, 'calls': 0}, threading.Lock()
+  compile_ = jax.stages.Lowered.compile
+
+  def counted(self, *args, **kwargs):
+    with lock:
+      seen['now'] += 1
+      seen['calls'] += 1
+      seen['most'] = max(seen['most'], seen['now'])
+    try:
+      return compile_(self, *args, **kwargs)
+    finally:
+      with lock:
+        seen['now'] -= 1
+  monkeypatch.setattr(jax.stages.Lowered, 'compile', counted)
+  return seen
+
+
+def test_compare_and_search_compile_one_program_at_a_time(monkeypatch):
+  """Each compile in flight holds working memory of its own (with a
+  compile per core, compare reached 4x the RSS of a compile by hand):
+  compare and the search compile one program at a time, by default."""
+  loss_fn, args = examples.mlp(num_layers=3, width=48, batch=8, seed=31)
+  seen = _compiles_in_flight(monkeypatch)
+  rx.clear_caches()
+  compare(loss_fn, *args, suggest_lowering=False)
+  search_policy(loss_fn, *args, memory_budget=0.5)
+  assert seen['calls'] >= 6 and seen['most'] == 1, seen

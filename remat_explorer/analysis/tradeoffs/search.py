@@ -33,7 +33,7 @@ from remat_explorer.analysis.policies.policy_source import policy_source
 from remat_explorer.analysis.tradeoffs.save_units import greedy_units, policy_of, user_sites
 from remat_explorer.analysis.tradeoffs.compare import (AS_WRITTEN, AS_WRITTEN_NO_REMAT,
                                              NO_REMAT_LABEL, builtin_policies,
-                                             usable_cores)
+                                             COMPILES_AT_ONCE)
 from remat_explorer.analysis.xla.compiled import (PendingCosts, compile_costs,
                                                   start_compile_costs)
 from remat_explorer.analysis.xla.costs import CompiledCosts
@@ -156,7 +156,7 @@ def search_policy(f, *args, memory_budget: int | float | str, argnums=0,
     raise TypeError(f'rank_by_estimate must be True or False, got {rank_by_estimate!r}.')
   run = _Runner(f, args, kwargs, argnums, has_aux, lowering, progress)
   with full_collections_held_off(), concurrent.futures.ThreadPoolExecutor(
-      max_workers=usable_cores()) as run.pool:
+      max_workers=COMPILES_AT_ONCE) as run.pool:
     try:
       return _search(run, memory_budget, rank_by_estimate)
     except BaseException:
