@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import os
 import statistics
 import sys
 import time
@@ -40,8 +41,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from remat_explorer import examples  # noqa: E402
 from remat_explorer.analysis import (NO_REMAT, analyze, builtin_policies,  # noqa: E402
                                      clear_caches, compare, compile_costs)
-from remat_explorer.analysis.tradeoffs.compare import usable_cores  # noqa: E402
 from remat_explorer.analysis.tradeoffs.search import search_policy  # noqa: E402
+
+
+def usable_cores() -> int:
+  """The cores this process may run on."""
+  try:
+    return len(os.sched_getaffinity(0))
+  except AttributeError:  # not on Linux
+    return os.cpu_count() or 1
 
 
 def bench_analyze(layers: int) -> None:

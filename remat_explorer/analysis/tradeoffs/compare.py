@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -464,14 +463,6 @@ by hand peaks at 2.2 GB reached 9.5 GB, and a search after it ``bad_alloc``.
 One at a time keeps the process near the same compiles by hand, and not
 slower than them: the calling thread traces and analyzes the next policies
 beside it. ``compare(parallel=N)`` runs N at once."""
-
-
-def usable_cores() -> int:
-  """The cores this process may run on."""
-  try:
-    return len(os.sched_getaffinity(0))
-  except AttributeError:  # not on Linux
-    return os.cpu_count() or 1
 
 
 def _resolve_policies(policies, names_in_program) -> dict[str, Any]:
