@@ -17,9 +17,11 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import functools
+import hashlib
 import numbers as numbers_module
 import re
 import statistics
+import threading
 import time
 from dataclasses import dataclass
 
@@ -184,47 +186,48 @@ def _start(f, args, kwargs, *, policy, lowering, argnums, has_aux, whole_functio
       step.traced, problem.leaves, function=problem.name, policy=step.policy,
       lowering=step.lowering, compiler_options=compiler_options,
       for_running=for_running, placement=find_placement(problem.leaves, step.program),
-      notes=step.notes, executor=executor))
-
-
-def measure(step, leaves, *, function, policy, lowering, donate_argnums=(),
-            repeats=0, compiler_options=None, placement=None,
-            notes=()) -> CompiledCosts:
-  """Compile `step` at `leaves` and read XLA's figures; with `repeats`,
-  also time its runs."""
-  costs, runnable = start_step_compile(
-      step, leaves, function=function, policy=policy, lowering=lowering,
-      donate_argnums=donate_argnums, compiler_options=compiler_options,
-      placement=placement, notes=notes, for_running=repeats > 0).finish()
-  if repeats and not costs.failed:
-    costs = with_run_times(costs, runnable(), leaves, repeats, donate_argnums)
-  return costs
+      notes=step.notes, executor=executor,
+      program_key=problem.cache_key('program', donate, options_key, for_running)))
 
 
 def start_step_compile(step, leaves, *, function, policy, lowering, donate_argnums=(),
                        compiler_options=None, placement=None, notes=(),
-                       for_running=False, executor=None) -> '_StepCompile':
+                       for_running=False, executor=None,
+                       program_key=None) -> '_StepCompile | _SameProgram':
   """Lower `step` (a function, or a ``jax.stages.Traced`` from
   ``trace_step``, whose donations it keeps) and start XLA's compile, on
   `executor`'s thread or, without one, on this one.
   Unless `for_running` or the caller gives its own `compiler_options`, the
   figures come from an analysis compile, and ``runnable()`` compiles in
-  full on its first call."""
+  full on its first call.
+  With a `program_key` (what, besides the program, decides the compile:
+  the arguments, their devices, the options), a step that lowers to the
+  program of a step compiled or compiling under the same key is not
+  compiled again: its figures are that compile's (``_SameProgram``)."""
   device = target_device(placement)
   options = compiler_options
   if options is None and not for_running:
     options = analysis_compiler_options(device.platform)
   analysis = compiler_options is None and options is not None
-  # An accelerator's buffer assignment comes only with a dump (xla_dump.py).
-  dump = None if device.platform == 'cpu' else XlaDump()
-  if dump is not None:
-    options = {**(options or {}), **dump.compiler_options()}
   start = time.perf_counter()
   if isinstance(step, jax.stages.Traced):  # traced already, donations set
     lowered = step.lower()
   else:
     lowered = jax.jit(step, donate_argnums=donate_argnums).lower(*leaves)
   lower_seconds = time.perf_counter() - start
+  text = lowered.as_text()
+  common = dict(function=function, policy=policy, lowering=lowering,
+                platform=device.platform, device_kind=device.device_kind,
+                device_memory_bytes=device_memory_bytes(device))
+  if program_key is not None:
+    program_key = (program_key, hashlib.sha256(text.encode()).digest())
+    first = _programs.get(program_key)
+    if first is not None:
+      return _SameProgram(first, common, tuple(notes), lower_seconds)
+  # An accelerator's buffer assignment comes only with a dump (xla_dump.py).
+  dump = None if device.platform == 'cpu' else XlaDump()
+  if dump is not None:
+    options = {**(options or {}), **dump.compiler_options()}
   note_compile()  # counted for the thread that asked for it
 
   def timed_compile():
@@ -235,12 +238,12 @@ def start_step_compile(step, leaves, *, function, policy, lowering, donate_argnu
     compiled = _done_with(timed_compile)
   else:
     compiled = executor.submit(timed_compile)
-  return _StepCompile(
+  started = _StepCompile(
       lowered=lowered, compiled=compiled, analysis=analysis, dump=dump,
       lower_seconds=lower_seconds, placement=placement, device=device, notes=tuple(notes),
-      common=dict(function=function, policy=policy, lowering=lowering,
-                  platform=device.platform, device_kind=device.device_kind,
-                  device_memory_bytes=device_memory_bytes(device)))
+      common=common, lowered_matmuls=count_matmuls_lowered(text))
+  _programs.put(program_key, started)
+  return started
 
 
 def _done_with(fn) -> concurrent.futures.Future:
@@ -253,7 +256,14 @@ def _done_with(fn) -> concurrent.futures.Future:
   return future
 
 
-@dataclass(frozen=True)
+_programs = ResultCache(max_entries=32)
+"""The compiles started, by program (``start_step_compile``'s
+`program_key`): two policies, or a policy and the program as written, that
+lower to one program share one XLA compile. Each entry drops its
+executable once read (``_StepCompile.finish``)."""
+
+
+@dataclass
 class _StepCompile:
   """One step lowered, its compile under way (``compiled``: a future of the
   executable and the seconds XLA took)."""
@@ -267,11 +277,23 @@ class _StepCompile:
   """The device compiled for (a target's compile-only one, say)."""
   notes: tuple[str, ...]
   common: dict
+  lowered_matmuls: int
+  _finished: tuple | None = None
+  _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
   def finish(self):
     """(CompiledCosts, `runnable`), read from the compiled program once XLA
     is done: ``runnable()`` gives an executable to run (None if XLA refused
-    the program, whose ``CompiledCosts`` is then a failed one)."""
+    the program, whose ``CompiledCosts`` is then a failed one). Read once,
+    for every step of this program (``_SameProgram``); the lowered program
+    and the executable are then dropped, but for what `runnable` needs."""
+    with self._lock:
+      if self._finished is None:
+        self._finished = self._read()
+        self.lowered, self.compiled = None, _done_with(lambda: None)
+      return self._finished
+
+  def _read(self):
     notes, common, lowered = list(self.notes), self.common, self.lowered
     analysis, lower_seconds = self.analysis, self.lower_seconds
     try:
@@ -346,7 +368,7 @@ class _StepCompile:
         transcendentals=cost.get('transcendentals'), cost_analysis=cost,
         analysis_compile=analysis,
         lower_seconds=lower_seconds, compile_seconds=compile_seconds,
-        lowered_matmuls=count_matmuls_lowered(lowered.as_text()),
+        lowered_matmuls=self.lowered_matmuls,
         compiled_matmuls=module.matmul_count() if module else None,
         timeline=timeline, notes=tuple(notes), num_devices=devices.num_devices,
         mesh_shape=devices.mesh_shape, collectives=collectives)
@@ -360,6 +382,34 @@ class _StepCompile:
       note_compile()
       return lowered.compile()
     return costs, runnable
+
+
+class _SameProgram:
+  """A step that lowered to the program of an earlier step (`first`):
+  XLA's figures are that compile's, under this step's own labels, with a
+  note naming the policy it shares the program with."""
+
+  def __init__(self, first: _StepCompile, common: dict, notes: tuple[str, ...],
+               lower_seconds: float):
+    self.first, self.common, self.notes = first, common, notes
+    self.lower_seconds = lower_seconds
+    # A future of its own, done when the first's is: callers tell their
+    # compiles apart by their futures.
+    self.compiled = concurrent.futures.Future()
+    first.compiled.add_done_callback(self._first_done)
+
+  def _first_done(self, _) -> None:
+    if self.compiled.set_running_or_notify_cancel():  # not cancelled meanwhile
+      self.compiled.set_result(None)
+
+  def finish(self):
+    costs, runnable = self.first.finish()
+    own_notes = costs.notes[len(self.first.notes):]
+    shared = (f'compiles to the same program as {costs.policy} (lowering '
+              f'{costs.lowering}): XLA compiled it once, for both')
+    return dataclasses.replace(
+        costs, **self.common, lower_seconds=self.lower_seconds,
+        notes=(*self.notes, shared, *own_notes)), runnable
 
 
 def with_run_times(costs: CompiledCosts, compiled, leaves, repeats: int,
