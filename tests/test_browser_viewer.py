@@ -119,6 +119,43 @@ def test_static_viewer_opens_a_diagram_that_fits_whole_with_readable_text(
   page.close()
 
 
+# For each pair of lines in one node's label, the room between the ink of
+# the first (its underscores hang below the baseline) and the ink of the
+# next (digits and brackets reach up), in the drawing's own units, as
+# Chromium draws them in the font the page gives each line.
+_LINE_GAPS = """(viewer) => {
+  const context = document.createElement('canvas').getContext('2d');
+  const ink = (t) => {
+    const style = getComputedStyle(t);
+    context.font = `${style.fontWeight} ${style.fontSize} ${style.fontFamily}`;
+    return context.measureText(t.textContent);
+  };
+  const gaps = [];
+  for (const node of viewer.querySelectorAll('g.node')) {
+    const lines = [...node.querySelectorAll('text')];
+    for (let i = 0; i + 1 < lines.length; i++) {
+      const [above, below] = [lines[i], lines[i + 1]];
+      gaps.push([(parseFloat(below.getAttribute('y')) - ink(below).actualBoundingBoxAscent)
+                 - (parseFloat(above.getAttribute('y')) + ink(above).actualBoundingBoxDescent),
+                 above.textContent, below.textContent]);
+    }
+  }
+  return gaps.sort((a, b) => a[0] - b[0]);
+}"""
+
+
+def test_the_lines_of_a_node_keep_clear_of_each_other(browser, tmp_path, diagrams):  # noqa: F811
+  """An underscore (``dot_general``, ``“pre_activation”``) hangs below its
+  line, and the shapes on the line under it (``f32[8,32]``) reach up: a
+  pixel at least between them, or the underscore strikes through them."""
+  page, viewer, errors = _open(browser, tmp_path, diagrams['mlp'])
+  gaps = page.evaluate(_LINE_GAPS, viewer.element_handle())
+  assert any('_' in above for _, above, _ in gaps)
+  assert gaps[0][0] >= 1, gaps[:4]
+  assert errors == []
+  page.close()
+
+
 def test_static_viewer_opens_a_large_diagram_readable_at_its_start(
     browser, tmp_path, diagrams):  # noqa: F811
   page, viewer, errors = _open(browser, tmp_path, diagrams['large'])

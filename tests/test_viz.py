@@ -533,15 +533,16 @@ def test_command_line_report(tmp_path):
   assert 'class="remat-peak-table"' in document and '\x1b[' not in document
 
 
-def test_command_line_rejects_an_unknown_policy_before_compiling(tmp_path):
-  run = subprocess.run(
-      [sys.executable, '-m', 'remat_explorer', 'report', '--fn',
-       'tests.test_viz:small_transformer', '--policy', 'dots_savable',
-       '--out', str(tmp_path / 'r.html')],
-      cwd=ROOT, capture_output=True, text=True, timeout=300)
-  assert run.returncode == 2
-  assert "'dots_savable' is not in jax.checkpoint_policies" in run.stderr
-  assert 'compiled' not in run.stdout
+def test_command_line_rejects_an_unknown_policy_before_compiling(tmp_path, capsys):
+  from remat_explorer.__main__ import report_main
+  from remat_explorer.analysis.context import compiles_run
+  before = compiles_run()
+  assert report_main(['--fn', 'tests.test_viz:small_transformer', '--policy', 'dots_savable',
+                      '--out', str(tmp_path / 'r.html')]) == 2
+  said = capsys.readouterr()
+  assert "'dots_savable' is not in jax.checkpoint_policies" in said.err
+  assert 'compiled' not in said.out and compiles_run() == before
+  assert not (tmp_path / 'r.html').exists()
 
 
 # -- the Explorer ---------------------------------------------------------------------

@@ -193,12 +193,21 @@ def _node_attrs(node: Node, opens_on_click: bool = True) -> dict[str, str]:
     style = 'filled,dashed'
   elif node.kind == 'group':
     style += ',bold'
-  attrs = dict(label=f'<{"<br/>".join(lines)}>', shape=SHAPES[node.kind],
+  attrs = dict(label=_stacked(lines), shape=SHAPES[node.kind],
                fillcolor=fill, style=style, id=node.id, tooltip=_tooltip(node, opens_on_click),
                **{'class': ' '.join(classes)})
   if node.expanded:
     attrs['peripheries'] = '2'
   return attrs
+
+
+def _stacked(lines: list[str]) -> str:
+  """An HTML-like label of `lines`, one under another with a little room
+  between them: with ``<br/>``, dot sets each baseline one font size below
+  the last, and an underscore, which hangs below its line, touches the
+  digits and brackets of the next."""
+  rows = ''.join(f'<tr><td>{line}</td></tr>' for line in lines)
+  return f'<<table border="0" cellborder="0" cellspacing="0" cellpadding="1">{rows}</table>>'
 
 
 def _tooltip(node: Node, opens_on_click: bool) -> str:
