@@ -30,6 +30,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 import urllib.request
 from pathlib import Path
@@ -445,6 +446,7 @@ def test_explorer_in_jupyterlab(lab, browser, tmp_path):
   assert explorer.locator('.remat-copy-said').inner_text() == 'copied'
 
   _check_stale_state_is_cleared(page, explorer)
+  _check_the_updating_badge_leaves_the_estimate_in_view(page, explorer)
   _check_nothing_cut_and_no_escapes(page, explorer)
 
   _check_compare_tab_is_readable(page, explorer)
@@ -483,6 +485,51 @@ def _check_stale_state_is_cleared(page, explorer):
                  && t.getAttribute('title').length > 300)""",
       arg=[explorer.locator('.remat-policy').element_handle(), 'save_only_these_names('],
       timeout=30_000)
+
+
+# The badge a view wears while it is recomputed (its ``::before``), as a
+# box on the page, and the line boxes of the estimate's text it covers.
+_BADGE_OVER_ESTIMATE = """(view) => {
+  const badge = getComputedStyle(view, '::before');
+  const px = (v) => parseFloat(v) || 0;
+  const shown = view.getBoundingClientRect();
+  const width = px(badge.width) + px(badge.paddingLeft) + px(badge.paddingRight)
+      + px(badge.borderLeftWidth) + px(badge.borderRightWidth);
+  const height = px(badge.height) + px(badge.paddingTop) + px(badge.paddingBottom)
+      + px(badge.borderTopWidth) + px(badge.borderBottomWidth);
+  const absolute = badge.position === 'absolute';
+  const top = absolute ? shown.top + px(badge.top) : shown.top + px(badge.marginTop);
+  const right = absolute ? shown.right - px(badge.right) : shown.right - px(badge.marginRight);
+  const box = {left: right - width, right, top, bottom: top + height};
+  const range = document.createRange();
+  range.selectNodeContents(view.querySelector('.remat-estimate'));
+  const lines = [...range.getClientRects()];
+  const covered = lines.filter((l) => l.left < box.right && l.right > box.left
+                                      && l.top < box.bottom && l.bottom > box.top);
+  return {content: badge.content, box, lines: lines.length, covered: covered.length};
+}"""
+
+
+def _check_the_updating_badge_leaves_the_estimate_in_view(page, explorer):
+  """While a compile runs, the Costs view is greyed and badged 'updating…',
+  and the estimate above it stays readable: the badge covers none of it."""
+  said = _kernel_print(page, textwrap.dedent("""\
+      from types import SimpleNamespace
+      from remat_explorer.viz.widget import _panels
+      explorer.wait()  # the compiles started before, landed
+      explorer.estimate_view.value = _panels.estimate_html(
+          'dots_saveable', SimpleNamespace(peak_bytes=123_456_789, flops=4.5e12))
+      explorer.costs_tab.add_class(_panels.STALE)
+      print('stale')"""))
+  assert said.strip() == 'stale', said
+  explorer.get_by_role('tab', name='Costs').click()
+  view = explorer.locator('.remat-stale').first
+  view.locator('.remat-estimate').wait_for(timeout=30_000)
+  seen = page.evaluate(_BADGE_OVER_ESTIMATE, view.element_handle())
+  assert seen['content'] == '"updating…"' and seen['lines'] >= 1, seen
+  assert seen['covered'] == 0, seen
+  _kernel_print(page, 'explorer.costs_tab.remove_class(_panels.STALE); '
+                      'explorer.estimate_view.value = ""')
 
 
 def _screenshot(page, explorer, shot: Path) -> None:

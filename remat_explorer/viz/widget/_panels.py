@@ -25,11 +25,13 @@ ESTIMATE = 'remat-estimate-box'
 """Class of the estimate shown while a compile runs: not greyed with it."""
 
 CSS = f"""<style>
-.remat-explorer .{STALE}, .remat-explorer .{OUTDATED} {{ position: relative; }}
 .remat-explorer .{STALE} > *, .remat-explorer .{OUTDATED} > * {{ opacity: 0.4; }}
+/* The badge has a line of its own above the view, at its right: laid over
+   the view, it covered the estimate shown there while a compile runs. */
 .remat-explorer .{STALE}::before, .remat-explorer .{OUTDATED}::before {{
-  position: absolute; top: 0.3em; right: 0.5em; z-index: 1; padding: 0.1em 0.6em;
-  background: #fff4e5; border: 1px solid #f0a020; border-radius: 3px; font-size: 12px;
+  display: block; width: fit-content; margin: 0.2em 0.5em 0.2em auto; align-self: flex-end;
+  padding: 0.1em 0.6em; background: #fff4e5; border: 1px solid #f0a020;
+  border-radius: 3px; font-size: 12px;
 }}
 .remat-explorer .{STALE}::before {{ content: 'updating…'; }}
 .remat-explorer .{STALE} > .{ESTIMATE} {{ opacity: 1; }}
