@@ -156,6 +156,45 @@ def test_the_lines_of_a_node_keep_clear_of_each_other(browser, tmp_path, diagram
   page.close()
 
 
+# Where a diagram shown as an image (a notebook's static output) puts its
+# title: the SVG in the image, laid out at the image's size, its first
+# label line measured against the part of the image its box shows first.
+_TITLE_IN_VIEW = """async (box) => {
+  const img = box.querySelector('img');
+  await img.decode();
+  const bytes = Uint8Array.from(atob(img.src.split(',')[1]), (c) => c.charCodeAt(0));
+  const holder = document.createElement('div');
+  holder.style.cssText = 'position: absolute; left: 0; top: 0; visibility: hidden';
+  holder.innerHTML = new TextDecoder().decode(bytes);
+  document.body.appendChild(holder);
+  const svg = holder.querySelector('svg');
+  svg.setAttribute('width', img.getBoundingClientRect().width);
+  svg.setAttribute('height', img.getBoundingClientRect().height);
+  const origin = svg.getBoundingClientRect();
+  const title = svg.querySelector('g.graph > text').getBoundingClientRect();
+  let scroller = img.parentElement;
+  while (scroller !== box && getComputedStyle(scroller).overflowX === 'visible')
+    scroller = scroller.parentElement;
+  return {image: origin.width, shown: scroller.clientWidth,
+          left: title.left - origin.left, right: title.right - origin.left};
+}"""
+
+
+def test_a_wide_diagram_shown_as_an_image_has_its_title_in_view(
+    browser, tmp_path, diagrams):  # noqa: F811
+  """A notebook shows a diagram as an image at its natural size, in a box
+  that scrolls: a drawing wider than the cell keeps its title in the part
+  the cell shows, not centred over a width no one sees at once."""
+  from tests.test_browser import _widget_page
+  from remat_explorer.viz.diagram.viewer import svg_img_html
+  page = browser.new_page(viewport=SMALL_VIEWPORT)
+  box = _widget_page(page, svg_img_html(diagrams['large']), width=900)
+  seen = page.evaluate(_TITLE_IN_VIEW, page.locator(box).element_handle())
+  assert seen['image'] > 2 * seen['shown'], seen  # wide: the case in question
+  assert 0 <= seen['left'] and seen['right'] <= seen['shown'], seen
+  page.close()
+
+
 def test_static_viewer_opens_a_large_diagram_readable_at_its_start(
     browser, tmp_path, diagrams):  # noqa: F811
   page, viewer, errors = _open(browser, tmp_path, diagrams['large'])

@@ -137,7 +137,10 @@ def _emit(diagram: Diagram, opens_on_click: bool = True) -> SplitDigraph:
   notes = ''.join(f'<br/><font point-size="10">{html_text(n)}</font>' for n in diagram.notes)
   g = SplitDigraph(
       'remat_split',
-      graph_attr=dict(label=f'<<b>{title}</b>{notes}>', labelloc='t', fontname='Helvetica',
+      # The title at the top left, where a wide drawing is seen first (a
+      # notebook's image scrolls from there; the viewer opens there).
+      graph_attr=dict(label=f'<<b>{title}</b>{notes}>', labelloc='t', labeljust='l',
+                      fontname='Helvetica',
                       compound='true', rankdir='TB', nodesep='0.25', ranksep='0.35'),
       node_attr=dict(shape='box', style='rounded,filled', fontname='Helvetica',
                      fontsize='10', fillcolor='white', margin='0.08,0.04'),
