@@ -424,6 +424,23 @@ def test_explorer_in_jupyterlab(lab, browser, tmp_path):
       break
   assert seen.split() == [node['id'], '1'], (node, seen)
 
+  # The same without a mouse: from the viewer's search box, Tab reaches the
+  # first node that opens, named by its text, and Enter clicks it.
+  viewer.locator('.remat-viewer-search').focus()
+  page.keyboard.press('Tab')
+  focused = page.evaluate("""() => { const e = document.activeElement;
+    return {id: e.id, node: e.matches('g.node.opens'), role: e.getAttribute('role'),
+            name: e.getAttribute('aria-label')}; }""")
+  assert focused['node'] and focused['role'] == 'button', focused
+  assert focused['name'].endswith('(open)') and len(focused['name']) > len(' (open)'), focused
+  page.keyboard.press('Enter')
+  deadline = time.monotonic() + 60
+  while time.monotonic() < deadline:
+    seen = _kernel_print(page, 'print(explorer.diagram.clicked, explorer.diagram.click_count)')
+    if seen.split()[-1:] != ['1']:
+      break
+  assert seen.split() == [focused['id'], '2'], (focused, seen)
+
   # A policy written as an expression becomes the option shown, and "copy
   # as code" puts it on the clipboard as Python that needs only JAX.
   expression = "save_from_both_policies(dots_saveable, nothing_saveable)"

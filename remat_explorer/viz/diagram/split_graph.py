@@ -166,7 +166,8 @@ def _emit_section(g: graphviz.Digraph, section: Section, opens_on_click: bool) -
     c.attr(label=f'<{html_text(section.title)}>', style='rounded,filled',
            fillcolor='#ffffff80', color='#777777', fontsize='11', id=section.id,
            tooltip=graphviz.escape(html_text(
-               f'{section.id} · click to close' if closes else section.title)))
+               f'{section.id} · click to close' if closes else section.title)),
+           **({'class': 'closes'} if closes else {}))
     for node in section.nodes.values():
       c.node(node.id, **_node_attrs(node, opens_on_click))
     for child in section.children:

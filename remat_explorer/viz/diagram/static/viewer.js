@@ -62,6 +62,18 @@ function boxIn(layer, element) {
           height: Math.abs(ys[1] - ys[0])};
 }
 
+// What a click acts on (a node that opens, an opened group, which closes)
+// as tab stops in the drawing's order, each named by its text.
+function reachableByKeyboard(layer) {
+  for (const g of layer.querySelectorAll('g.node.opens, g.cluster.closes')) {
+    const text = Array.from(g.querySelectorAll(':scope > text, :scope > g text'),
+                            (t) => t.textContent.trim()).filter(Boolean).join(' \u00b7 ');
+    g.setAttribute('tabindex', '0');
+    g.setAttribute('role', 'button');
+    g.setAttribute('aria-label', `${text} (${g.classList.contains('closes') ? 'close' : 'open'})`);
+  }
+}
+
 // Mounts a viewer in `host`; returns {show(svg), fit(), natural(), destroy()}.
 // `show` takes SVG text or an <svg> element already in the page.
 // `onClick(id)` gets the id of a clicked Graphviz node (<g class="node">);
@@ -216,6 +228,24 @@ function mountViewer(host, {onClick, focus = 'cluster_forward'} = {}) {
     const node = event.target.closest && event.target.closest('g.node, g.cluster');
     if (node && node.id && onClick) onClick(node.id);
   });
+  // The keyboard's click: Enter or Space on a node or group in focus.
+  stage.addEventListener('keydown', (event) => {
+    if (event.key !== 'Enter' && event.key !== ' ') return;
+    const node = event.target.closest && event.target.closest('g[tabindex]');
+    if (!node || !onClick) return;
+    event.preventDefault();
+    onClick(node.id);
+  });
+  // A node reached with Tab outside the view is brought to its centre.
+  stage.addEventListener('focusin', (event) => {
+    const node = event.target.closest && event.target.closest('g[tabindex]');
+    if (!node || !current) return;
+    const shown = stage.getBoundingClientRect(), r = node.getBoundingClientRect();
+    if (r.left >= shown.left && r.right <= shown.right && r.top >= shown.top
+        && r.bottom <= shown.bottom) return;
+    const box = boxIn(current.layer, node);
+    centreOn(box.x + box.width / 2, box.y + box.height / 2, zoomNow());
+  });
 
   function show(source) {
     const before = current && d3.zoomTransform(current.svg);
@@ -255,6 +285,7 @@ function mountViewer(host, {onClick, focus = 'cluster_forward'} = {}) {
     stage.style.height = `${Math.round(Math.min(tall, Math.max(320, 0.75 * window.innerHeight)))}px`;
     stage.appendChild(svg);
     minimap.show(standalone, geometry);
+    if (onClick) reachableByKeyboard(layer);
 
     const zoom = d3.zoom()
         .scaleExtent([geometry.scale / 50, geometry.scale * MAX_ZOOM])
