@@ -464,6 +464,7 @@ def test_explorer_in_jupyterlab(lab, browser, tmp_path):
 
   _check_stale_state_is_cleared(page, explorer)
   _check_the_updating_badge_leaves_the_estimate_in_view(page, explorer)
+  _check_the_budget_is_named_and_moves_by_keyboard(page, explorer)
   _check_nothing_cut_and_no_escapes(page, explorer)
 
   _check_compare_tab_is_readable(page, explorer)
@@ -547,6 +548,22 @@ def _check_the_updating_badge_leaves_the_estimate_in_view(page, explorer):
   assert seen['covered'] == 0, seen
   _kernel_print(page, 'explorer.costs_tab.remove_class(_panels.STALE); '
                       'explorer.estimate_view.value = ""')
+
+
+def _check_the_budget_is_named_and_moves_by_keyboard(page, explorer):
+  """The budget slider has an accessible name, says its value in words,
+  and an arrow key moves it: the kernel gets the new share."""
+  before = float(_kernel_print(page, 'print(explorer.budget.value)'))
+  slider = explorer.get_by_role('slider', name='budget')
+  assert slider.count() == 1
+  assert '%' in (slider.get_attribute('aria-valuetext') or ''), slider.get_attribute(
+      'aria-valuetext')
+  slider.focus()
+  page.keyboard.press('ArrowRight')
+  deadline, seen = time.monotonic() + 60, before
+  while time.monotonic() < deadline and seen == before:
+    seen = float(_kernel_print(page, 'print(explorer.budget.value)'))
+  assert seen == pytest.approx(before + 0.05), (before, seen)
 
 
 def _screenshot(page, explorer, shot: Path) -> None:

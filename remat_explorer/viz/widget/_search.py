@@ -35,8 +35,8 @@ class BudgetSearch:
     self.explorer = explorer
     self.ends: dict[tuple, tuple[int, int]] = {}
     """(the lowest compiled peak known, the highest) by (layout, lowering)."""
-    self.slider = w.FloatSlider(value=0.5, min=0.0, max=1.0, step=0.05,
-                                description='budget', readout_format='.0%')
+    from remat_explorer.viz.widget.budget_slider import BudgetSlider
+    self.slider = BudgetSlider(value=0.5)
     self.note = w.HTML()
     # Its own width, never less: a crowded row wraps rather than cut its label.
     self.button = w.Button(description='search policy',

@@ -86,6 +86,8 @@ function mountViewer(host, {onClick, focus = 'cluster_forward'} = {}) {
   bar.className = 'remat-viewer-bar';
   const stage = document.createElement('div');
   stage.className = 'remat-viewer-stage';
+  // Enter and Space on a node in focus click it, not JupyterLab's shortcuts.
+  stage.setAttribute('data-lm-suppress-shortcuts', 'true');
   const readout = document.createElement('span');
   readout.className = 'remat-viewer-zoom';
   let current = null;  // {svg, layer, zoom, geometry}
