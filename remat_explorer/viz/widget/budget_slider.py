@@ -1,6 +1,6 @@
 """The memory budget as a widget: a labelled range input (anywidget), where
 ipywidgets' slider has no accessible name (its handle is a ``div`` that no
-label names) and sends every step of a drag to Python.
+label names).
 
 ``value`` is the share, from 0 to 1, between the lowest and the highest
 compiled peak the Explorer knows (``_search.py`` turns it into bytes).
