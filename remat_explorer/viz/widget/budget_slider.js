@@ -1,7 +1,7 @@
 // The Explorer's memory budget: a share between the lowest and the highest
 // compiled peak the Explorer knows. A labelled native range input, so that
 // a screen reader names it and the arrow keys move it; `value` goes to
-// Python when the user lets go (a drag does not compile at each step).
+// Python when the user lets go, once per drag.
 function render({model, el}) {
   el.classList.add('remat-budget-slider');
   const id = `remat-budget-${Math.random().toString(36).slice(2)}`;
