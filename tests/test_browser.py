@@ -1076,6 +1076,37 @@ _LAYOUT = """(selector) => {
 }"""
 
 
+# Where the text of a table's wrapping cells (names, paths, labels) breaks
+# between two letters or digits: a word cut in two (``_transformer_bloc|k``)
+# rather than broken after its '_', '/', '.' or a space.
+_MID_WORD_BREAKS = """(selector) => {
+  const cut = [];
+  for (const td of document.querySelectorAll(
+      `${selector} td.remat-wrap, ${selector} td.remat-label`)) {
+    const walker = document.createTreeWalker(td, NodeFilter.SHOW_TEXT);
+    const chars = [];
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      for (let i = 0; i < node.data.length; i++) {
+        const range = document.createRange();
+        range.setStart(node, i);
+        range.setEnd(node, i + 1);
+        const r = range.getClientRects()[0];
+        if (r) chars.push([node.data[i], r.top]);
+      }
+    }
+    for (let i = 1; i < chars.length; i++) {
+      const [before, after] = [chars[i - 1], chars[i]];
+      if (after[1] > before[1] + 1 && /[A-Za-z0-9]/.test(before[0])
+          && /[A-Za-z0-9]/.test(after[0])) {
+        const text = chars.map((c) => c[0]).join('');
+        cut.push(`${text.slice(Math.max(0, i - 20), i)}|${text.slice(i, i + 10)}`);
+      }
+    }
+  }
+  return cut;
+}"""
+
+
 def _check_fits(page, selector: str, what: str) -> dict:
   layout = page.evaluate(_LAYOUT, selector)
   assert layout['scroll'][0] <= layout['scroll'][1], (what, layout['scroll'])
@@ -1083,6 +1114,8 @@ def _check_fits(page, selector: str, what: str) -> dict:
   assert layout['beyond'] == [], (what, layout['beyond'][:5])
   tall = [row for row in layout['rows'] if row[1] > MAX_ROW_LINES]
   assert layout['rows'] and tall == [], (what, tall)
+  cut = page.evaluate(_MID_WORD_BREAKS, selector)
+  assert cut == [], (what, cut[:5])
   return layout
 
 

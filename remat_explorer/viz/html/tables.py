@@ -33,13 +33,15 @@ LABEL = 'remat-label'
 """Class of a row's label (a policy, a layout): wraps, within a width."""
 TABLE_CSS = f"""
 /* Tables fit their container (the report's page, a notebook cell): figures
-   stay on one line, text that can be long wraps, anywhere where it has no
-   space, and a label column keeps a readable width. */
+   stay on one line, text that can be long wraps (at spaces, and after the
+   '_', '/', '.' of names and paths, ``breakable_html``; inside a word only
+   where one is wider than its column), and a label column keeps a
+   readable width. */
 table.{TABLE} {{ width: 100%; border-collapse: collapse; }}
 table.{TABLE} th {{ white-space: normal; vertical-align: bottom; }}
 table.{TABLE} td {{ white-space: nowrap; vertical-align: top; }}
 table.{TABLE} td.{WRAP}, table.{TABLE} td.{LABEL} {{ white-space: normal;
-  overflow-wrap: anywhere; }}
+  overflow-wrap: break-word; }}
 /* The label column takes up to 30% of the table (its text breaks inside
    names only when a name is wider than that); the figures share the rest. */
 table.{TABLE} td.{LABEL} {{ min-width: 8em; width: 30%; }}
@@ -52,11 +54,24 @@ table.{TABLE} tr.remat-has-notes td {{ border-bottom: none; }}
 """The tables' layout, in the Explorer's and the report's style alike."""
 
 
+# After these, a name or path may break: module paths, source lines,
+# policy expressions and buffer names have few spaces.
+_BREAK_AFTER = re.compile(r'([_/.,:(\[=·])(?=\w)')
+
+
+def breakable_html(text) -> str:
+  """`text` escaped, with a ``<wbr>`` (a line break the browser may take;
+  not copied with the text) after each '_', '/', '.', ... inside it."""
+  return _BREAK_AFTER.sub(r'\1<wbr>', html_text(text))
+
+
 def cells_html(cells, classes=()) -> str:
   """``<td>``s of `cells` (escaped), each with its class from `classes`
-  (positionally; '' or missing: none)."""
+  (positionally; '' or missing: none); a wrapping cell's text breaks after
+  the '_', '/', '.' of its names (``breakable_html``)."""
   classes = list(classes) + [''] * (len(cells) - len(classes))
-  return ''.join(f'<td class="{c}">{html_text(x)}</td>' if c else f'<td>{html_text(x)}</td>'
+  return ''.join(f'<td class="{c}">{breakable_html(x)}</td>' if c in (WRAP, LABEL)
+                 else f'<td class="{c}">{html_text(x)}</td>' if c else f'<td>{html_text(x)}</td>'
                  for c, x in zip(classes, cells))
 
 
@@ -75,7 +90,7 @@ def residual_table_html(report: RematReport, *, sort_by: str = 'bytes',
     >>> loss_fn, args = examples.mlp(num_layers=2, width=16, batch=4)
     >>> report = rx.analyze(loss_fn, *args)
     >>> html = viz.residual_table_html(report, sort_by='bytes')
-    >>> html.count('<tr') == len(report.residuals) + 1, 'layer_output' in html
+    >>> html.count('<tr') == len(report.residuals) + 1, 'layer_<wbr>output' in html
     (True, True)
   """
   if sort_by not in RESIDUAL_SORT_KEYS:
@@ -158,7 +173,7 @@ def comparison_table_html(comparison: Comparison) -> str:
     >>> from remat_explorer import examples, viz
     >>> loss_fn, args = examples.mlp(num_layers=2, width=16, batch=4)
     >>> html = viz.comparison_table_html(rx.compare(loss_fn, *args, policies=['dots_saveable']))
-    >>> html.startswith('<table'), 'dots_saveable' in html
+    >>> html.startswith('<table'), 'dots_<wbr>saveable' in html
     (True, True)
   """
   sharded = comparison.num_devices > 1

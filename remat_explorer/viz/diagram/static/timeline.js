@@ -4,6 +4,15 @@
 // The peak's table is in the page; the others are built from the JSON
 // beside the chart, whose text goes in as text (never as HTML).
 
+// `text` into `td` as text, with a <wbr> after each '_', '/', '.', ... of
+// its names and paths, where a line may break (tables.breakable_html).
+function breakable(td, text) {
+  for (const part of String(text).split(/(?<=[_/.,:(\[=\u00b7])(?=\w)/)) {
+    if (td.firstChild) td.appendChild(document.createElement('wbr'));
+    td.appendChild(document.createTextNode(part));
+  }
+}
+
 function liveTable(data, list) {
   const table = document.createElement('table');
   table.className = 'remat-peak-table';
@@ -21,8 +30,12 @@ function liveTable(data, list) {
     tr.className = 'remat-live-' + row[0];
     for (const c of list.columns) {
       const td = tr.insertCell();
-      td.textContent = row[1 + c];
-      if (data.wrapped.includes(c)) td.className = 'remat-wrap';
+      if (data.wrapped.includes(c)) {
+        td.className = 'remat-wrap';
+        breakable(td, row[1 + c]);
+      } else {
+        td.textContent = row[1 + c];
+      }
     }
   }
   if (list.rest) {
