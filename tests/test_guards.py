@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import remat_explorer as rx
-from remat_explorer.analysis.xla import compiled
+from remat_explorer.analysis.xla import run_times
 from remat_explorer.analysis.source import origins
 
 W = jnp.asarray(np.random.default_rng(5).standard_normal((6, 6)), jnp.float32)
@@ -25,7 +25,7 @@ def test_the_measured_peak_is_the_runs_own_or_unknown(monkeypatch):
   # A device's peak is the process's: JAX cannot reset it. Faked here, as
   # the CPU reports no memory statistics.
   readings = iter([5_000, 5_000, 5_000, 7_000])
-  monkeypatch.setattr(compiled, 'device_peak_bytes', lambda device: next(readings))
+  monkeypatch.setattr(run_times, 'device_peak_bytes', lambda device: next(readings))
   rx.clear_caches()
   below = rx.compile_costs(_loss, W, repeats=1)
   assert below.measured_peak_bytes is None

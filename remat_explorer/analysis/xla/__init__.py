@@ -4,7 +4,8 @@ Above ``split``. ``reader`` is the one reader of XLA's output; every other
 module here consumes the ``CompiledProgram`` it returns.
 
 * ``compiled``: ``compile_costs``, the training step compiled and measured;
-  ``costs``: the ``CompiledCosts`` it gives, as plain data.
+  ``costs``: the ``CompiledCosts`` it gives, as plain data; ``run_times``:
+  the step run, timed, and the device's measured peak.
 * ``reader``: ``read_compiled``, the one reader of an executable:
   ``hlo`` (the optimized module's text: instructions in schedule order,
   loops and their trip counts, op metadata), ``buffers`` (XLA's buffer

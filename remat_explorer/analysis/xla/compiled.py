@@ -20,7 +20,6 @@ import functools
 import hashlib
 import numbers as numbers_module
 import re
-import statistics
 import threading
 import time
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from remat_explorer.analysis.program.devices import (compiled_placement, find_pl
 from remat_explorer.analysis.targets.device_memory import device_memory_bytes
 from remat_explorer.analysis.xla.xla_dump import XlaDump
 from remat_explorer.analysis.xla.executed_flops import executed_flops
+from remat_explorer.analysis.xla.run_times import with_run_times
 from remat_explorer.analysis.xla.reader import read_compiled
 from remat_explorer.analysis.xla.timeline import memory_timeline
 
@@ -412,16 +412,6 @@ class _SameProgram:
         notes=(*self.notes, shared, *own_notes)), runnable
 
 
-def with_run_times(costs: CompiledCosts, compiled, leaves, repeats: int,
-                   donate_argnums=()) -> CompiledCosts:
-  """`costs` with the median time of `repeats` runs of `compiled` (after
-  a warm-up) and the device's measured peak where it reports one."""
-  notes = list(costs.notes)
-  run_seconds, measured_peak = _run(compiled, leaves, repeats, donate_argnums, notes)
-  return dataclasses.replace(costs, run_seconds=run_seconds,
-                             measured_peak_bytes=measured_peak, notes=tuple(notes))
-
-
 def _memory_analysis_fields(memory) -> tuple[dict[str, int], bytes | None]:
   """Every number of XLA's ``CompiledMemoryStats`` by name, read from the
   object itself so that fields a later XLA adds are kept too; and the
@@ -463,51 +453,6 @@ def _collectives(module, notes: list[str]) -> tuple[Collective, ...]:
 def _is_xla_error(e: Exception) -> bool:
   return (isinstance(e, getattr(jax.errors, 'JaxRuntimeError', ()))
           or type(e).__name__ in ('XlaRuntimeError', 'JaxRuntimeError'))
-
-
-def _run(compiled, leaves, repeats, donate_argnums, notes):
-  if repeats <= 0:
-    return None, None
-  if any(isinstance(x, jax.ShapeDtypeStruct) for x in leaves):
-    notes.append('not run: the arguments are shapes only (ShapeDtypeStruct)')
-    return None, None
-  if donate_argnums:
-    notes.append('run with fresh copies of donated arguments each time')
-
-  def fresh():
-    return [jax.numpy.array(x, copy=True) if i in donate_argnums else x
-            for i, x in enumerate(leaves)]
-
-  device = jax.devices()[0]
-  peak_before = device_peak_bytes(device)
-  jax.block_until_ready(compiled(*fresh()))  # warm-up
-  times = []
-  for _ in range(repeats):
-    args = fresh()
-    start = time.perf_counter()
-    jax.block_until_ready(compiled(*args))
-    times.append(time.perf_counter() - start)
-  return statistics.median(times), _own_peak(peak_before, device_peak_bytes(device), notes)
-
-
-def device_peak_bytes(device) -> int | None:
-  """The most bytes `device` has held at once since the process began, where
-  it reports it (GPUs, TPUs; the CPU reports no memory statistics)."""
-  stats = device.memory_stats()
-  return None if not stats else stats.get('peak_bytes_in_use')
-
-
-def _own_peak(before: int | None, after: int | None, notes: list) -> int | None:
-  """The runs' own peak. JAX cannot reset the device's peak, which is the
-  process's: it is the runs' only when they raised it. Otherwise an
-  earlier program held more, and the runs' own peak is unknown (None)."""
-  if before is None or after is None:
-    return None
-  if after > before:
-    return after
-  notes.append(f'measured peak unknown: the device held more ({before} bytes) before '
-               'these runs, and its peak cannot be reset')
-  return None
 
 
 # Matmul-like ops: StableHLO's ops, and in optimized HLO the instructions or
