@@ -58,16 +58,21 @@ class LinenModel(nn.Module):
     return nn.Dense(VOCAB, name='head')(nn.LayerNorm(name='ln_final')(x))
 
 
-def linen_transformer(batch=4, seq=16, remat=True):
-  model = LinenModel(remat=remat)
-  tokens = jax.random.randint(jax.random.key(0), (batch, seq), 0, VOCAB)
-  params = model.init(jax.random.key(1), tokens)['params']
+def _linen_lm(model, batch, seq, seed):
+  """A Linen LM's next-token loss and its (params, tokens): tokens drawn
+  from key `seed`, parameters from key `seed` + 1."""
+  tokens = jax.random.randint(jax.random.key(seed), (batch, seq), 0, VOCAB)
+  params = model.init(jax.random.key(seed + 1), tokens)['params']
 
   def loss_fn(params, tokens):
     logits = model.apply({'params': params}, tokens)
     return optax.softmax_cross_entropy_with_integer_labels(
         logits[:, :-1], tokens[:, 1:]).mean()
   return loss_fn, (params, tokens)
+
+
+def linen_transformer(batch=4, seq=16, remat=True):
+  return _linen_lm(LinenModel(remat=remat), batch, seq, seed=0)
 
 
 # A Griffin-style recurrent LM (recurrentgemma's shape, written here): each
@@ -125,14 +130,7 @@ class LinenRecurrentModel(nn.Module):
 
 def linen_recurrent(batch=4, seq=64, width=64, depth=3, remat=True, policy=None):
   model = LinenRecurrentModel(width=width, depth=depth, remat=remat, policy=policy)
-  tokens = jax.random.randint(jax.random.key(5), (batch, seq), 0, VOCAB)
-  params = model.init(jax.random.key(6), tokens)['params']
-
-  def loss_fn(params, tokens):
-    logits = model.apply({'params': params}, tokens)
-    return optax.softmax_cross_entropy_with_integer_labels(
-        logits[:, :-1], tokens[:, 1:]).mean()
-  return loss_fn, (params, tokens)
+  return _linen_lm(model, batch, seq, seed=5)
 
 
 # -- Flax NNX -----------------------------------------------------------------------

@@ -69,10 +69,11 @@ def cells_html(cells, classes=()) -> str:
   """``<td>``s of `cells` (escaped), each with its class from `classes`
   (positionally; '' or missing: none); a wrapping cell's text breaks after
   the '_', '/', '.' of its names (``breakable_html``)."""
+  def cell(css, value):
+    text = breakable_html(value) if css in (WRAP, LABEL) else html_text(value)
+    return f'<td class="{css}">{text}</td>' if css else f'<td>{text}</td>'
   classes = list(classes) + [''] * (len(cells) - len(classes))
-  return ''.join(f'<td class="{c}">{breakable_html(x)}</td>' if c in (WRAP, LABEL)
-                 else f'<td class="{c}">{html_text(x)}</td>' if c else f'<td>{html_text(x)}</td>'
-                 for c, x in zip(classes, cells))
+  return ''.join(map(cell, classes, cells))
 
 
 def residual_table_html(report: RematReport, *, sort_by: str = 'bytes',
