@@ -301,6 +301,9 @@ def _check_explorer(page):
   assert any('forward' in t for t in cluster_titles), cluster_titles
   assert any('backward' in t for t in cluster_titles), cluster_titles
   _check_viewer(page, explorer.locator('.remat-viewer').first)
+  # A kernel holds it: no note that it needs one.
+  assert explorer.locator('.remat-needs-kernel').count() == 1
+  assert not explorer.locator('.remat-needs-kernel').is_visible()
 
   # The residual table follows the policy control; the compiled costs
   # follow from the kernel's background thread, the old ones greyed and
@@ -467,6 +470,11 @@ def test_explorer_in_jupyterlab(lab, browser, tmp_path):
   _check_nothing_cut_and_no_escapes(page, explorer)
 
   _check_compare_tab_is_readable(page, explorer)
+  # Its kernel restarted, the Explorer on screen is inert and says so.
+  assert not explorer.locator('.remat-needs-kernel').is_visible()
+  page.evaluate(f'({_KERNEL}).restart()')
+  explorer.locator('.remat-needs-kernel').wait_for(state='visible', timeout=60_000)
+  _check_says_it_needs_the_kernel(explorer)
   page.close()
 
 
@@ -722,8 +730,29 @@ def test_a_saved_notebook_reopened_trusted_shows_its_explorer_from_the_saved_sta
   cells = dict(table.locator('tr').evaluate_all(
       'rows => rows.map(r => Array.from(r.cells).map(c => c.innerText))'))
   assert cells['peak bytes'].startswith(f'{_mlp_costs().peak_bytes:,} ('), cells
+  # No kernel holds it: it says so, and its controls are marked inert,
+  # while its tabs and diagram still work.
+  _check_says_it_needs_the_kernel(explorer)
   _assert_no_broken_widget(page)
   page.close()
+
+
+def _check_says_it_needs_the_kernel(explorer) -> None:
+  note = explorer.locator('.remat-needs-kernel')
+  assert note.is_visible() and 'run its cell' in note.inner_text(), note.inner_text()
+  # What asks the kernel is greyed and takes no clicks; what runs in the
+  # page (the tabs, the diagram's buttons, "copy as code") still does.
+  explorer.get_by_role('tab', name='Split diagram').click()
+  events = explorer.evaluate('''(e) => {
+    const events = (selector) => Array.from(e.querySelectorAll(selector))
+        .filter(c => c.offsetParent !== null)
+        .map(c => getComputedStyle(c).pointerEvents);
+    return {policy: events('.remat-policy select'),
+            expression: events('.remat-expression input'),
+            viewer: events('.remat-viewer button'), copy: events('.remat-copy-code')};
+  }''')
+  assert events['policy'] == ['none'] and events['expression'] == ['none'], events
+  assert events['viewer'] and 'none' not in events['viewer'] + events['copy'], events
 
 
 def test_a_notebook_saved_without_widget_state_shows_its_snapshot_once_shared(

@@ -24,6 +24,15 @@ OUTDATED = 'remat-outdated'
 ESTIMATE = 'remat-estimate-box'
 """Class of the estimate shown while a compile runs: not greyed with it."""
 
+KERNEL_CONTROL = 'remat-kernel-control'
+"""Class of a control that asks the kernel to work: inert without one."""
+NEEDS_KERNEL_HTML = (
+    '<p class="remat-needs-kernel" role="status">No kernel runs this Explorer: '
+    'it shows what was saved, and its controls do nothing. To explore again, '
+    'run its cell.</p>')
+"""Shown only where ipywidgets marks the Explorer disconnected: drawn from a
+notebook's saved widget state, or after its kernel restarted."""
+
 CSS = f"""<style>
 .remat-explorer .{STALE} > *, .remat-explorer .{OUTDATED} > * {{ opacity: 0.4; }}
 /* The badge has a line of its own above the view, at its right: laid over
@@ -37,6 +46,17 @@ CSS = f"""<style>
 .remat-explorer .{STALE} > .{ESTIMATE} {{ opacity: 1; }}
 .remat-explorer .{OUTDATED}::before {{
   content: 'computed under another lowering: press “compare all …” again';
+}}
+/* ipywidgets marks a widget whose kernel is gone 'jupyter-widgets-disconnected'
+   (saved state, a restarted kernel). Its tabs and diagram still work in the
+   page; what would ask the kernel says it cannot. */
+.remat-explorer .remat-needs-kernel {{ display: none; }}
+.remat-explorer.jupyter-widgets-disconnected .remat-needs-kernel {{
+  display: block; margin: 0.2em 0 0.4em; padding: 0.3em 0.6em; background: #fff4e5;
+  border: 1px solid #f0a020; border-radius: 3px; font-size: 13px;
+}}
+.remat-explorer.jupyter-widgets-disconnected .{KERNEL_CONTROL} {{
+  opacity: 0.5; pointer-events: none;
 }}
 .remat-explorer .remat-caption {{ color: #444; font-size: 12px; margin: 0.2em 0 0.4em; }}
 .remat-explorer .remat-task {{ display: flex; align-items: center; gap: 0.5em;

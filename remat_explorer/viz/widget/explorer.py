@@ -217,8 +217,12 @@ class Explorer:
     """The controls in rows above the tabs."""
     import ipywidgets as w
     c = self.controls
+    for control in (self.layout, c.policy, self.names_select, self.lowering, self.block,
+                    c.expression, c.per_block, c.reset, self.budget, self.search_button,
+                    self.compare_button, self.sort_by, self.pareto_pick):
+      control.add_class(_panels.KERNEL_CONTROL)
     self.widget = w.VBox([
-        w.HTML(_panels.CSS),
+        w.HTML(_panels.CSS), w.HTML(_panels.NEEDS_KERNEL_HTML),
         w.HBox([self.layout, self.controls.policy_row, self.names_select, self.lowering,
                 self.block],
                layout=w.Layout(flex_flow='row wrap')),
