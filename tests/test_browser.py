@@ -470,12 +470,37 @@ def test_explorer_in_jupyterlab(lab, browser, tmp_path):
   _check_nothing_cut_and_no_escapes(page, explorer)
 
   _check_compare_tab_is_readable(page, explorer)
+  _check_the_snapshot_follows_unseen(page, explorer)
   # Its kernel restarted, the Explorer on screen is inert and says so.
   assert not explorer.locator('.remat-needs-kernel').is_visible()
   page.evaluate(f'({_KERNEL}).restart()')
   explorer.locator('.remat-needs-kernel').wait_for(state='visible', timeout=60_000)
   _check_says_it_needs_the_kernel(explorer)
   page.close()
+
+
+def _check_the_snapshot_follows_unseen(page, explorer):
+  """The snapshot a save keeps for front ends without widgets: hidden while
+  the widget shows, and holding what it shows: the policy on screen with
+  its compiled costs, and the last comparison."""
+  mark = next(c for c in explorer.get_attribute('class').split()
+              if c.startswith('remat-explorer-of-'))
+  of = mark.replace('remat-explorer-of-', 'remat-snapshot-of-')
+  snapshot = page.locator(f'{_panel(page)} .jp-OutputArea-child:has(.{of})')
+  assert snapshot.count() == 1 and not snapshot.is_visible()
+  shown = explorer.locator('.remat-policy select').evaluate(
+      's => s.options[s.selectedIndex].text.replaceAll("\\u00a0", " ")')
+  try:
+    page.wait_for_function(
+        """([s, policy]) => { const t = s.textContent.replaceAll('\\u00a0', ' ');
+           return t.includes('showing under ' + policy) && t.includes('Compiled costs')
+               && t.includes('The last comparison'); }""",
+        arg=[snapshot.element_handle(), shown], timeout=60_000)
+  except Exception as e:  # Playwright's TimeoutError: say what it shows
+    if 'Timeout' not in type(e).__name__:
+      raise
+    pytest.fail(f'the snapshot does not show {shown!r} with its costs and the comparison: '
+                f'{snapshot.text_content()[:2000]!r}')
 
 
 def _check_stale_state_is_cleared(page, explorer):
@@ -733,6 +758,10 @@ def test_a_saved_notebook_reopened_trusted_shows_its_explorer_from_the_saved_sta
   # No kernel holds it: it says so, and its controls are marked inert,
   # while its tabs and diagram still work.
   _check_says_it_needs_the_kernel(explorer)
+  # The widgets drawn, their snapshots (the outputs after them) are not.
+  snapshots = page.locator(f'{panel} .jp-OutputArea-child:has(.remat-snapshot)')
+  assert snapshots.count() == 2  # two Explorers (the other output is a split graph)
+  assert not any(s.is_visible() for s in snapshots.all())
   _assert_no_broken_widget(page)
   page.close()
 

@@ -127,39 +127,71 @@ def test_the_explorer_of_a_program_it_cannot_analyze_shows_the_error_in_its_snap
   assert 'remat-residual-table' not in page
 
 
-class _Handle:
-  """A display handle that records its updates."""
+class _Notebook:
+  """What a notebook receives from a kernel: each output displayed, and
+  the updates of those displayed with a display id."""
 
   def __init__(self):
-    self.updates = []
+    self.shown, self.updates = [], []
+
+  def display(self, bundle, display_id=False):
+    self.shown.append(bundle)
+    return self if display_id else None
 
   def update(self, bundle, raw=False):
-    self.updates.append(bundle['text/html'])
+    self.updates.append(bundle)
 
 
-def test_the_explorer_snapshot_follows_its_costs_unless_a_live_view_shows_it():
+def test_the_snapshot_is_an_output_of_its_own_that_follows_the_explorer(monkeypatch):
+  """Shown in a notebook, the Explorer is two outputs: the widget's view,
+  never sent again (a front end would build it anew under the user), and
+  the snapshot, which follows what the Explorer shows: the policy on
+  screen, its compiled costs, the last comparison and search. It hides
+  itself where its widget is on the page."""
+  from remat_explorer.viz.widget import notebook_output
+  notebook = _Notebook()
+  monkeypatch.setattr(notebook_output, '_display', notebook.display)
   loss, args = _named_program()
   e = rx.explore(loss, *args)
-  handle = _Handle()
-  e._output._handles.append(handle)  # as if displayed in a notebook
+  e._ipython_display_()
+  view, first = notebook.shown
+  assert view['application/vnd.jupyter.widget-view+json']['model_id'] == e.widget.model_id
+  assert 'text/html' not in view and 'snapshot' in view['text/plain']
+  assert set(first) == {'text/html'} and SNAPSHOT_NOTE in first['text/html']
   e.wait(300)
-  # No front end showed a view: the output took the compiled costs.
+  # The compiled costs landed in the snapshot's output.
+  page = notebook.updates[-1]['text/html']
   costs = compile_costs(loss, *args)
-  assert _cells(handle.updates[-1], 'remat-costs-table')['peak bytes'].startswith(
-      f'{costs.peak_bytes:,} (')
-  assert e._repr_mimebundle_()['text/html'] == handle.updates[-1]
+  assert _cells(page, 'remat-costs-table')['peak bytes'].startswith(f'{costs.peak_bytes:,} (')
+  assert e._repr_mimebundle_()['text/html'] == page
+  # Where a view of its widget is on the page, it hides itself.
+  mark = f'remat-explorer-of-{e.widget.model_id}'
+  assert mark in e.widget._dom_classes
+  assert re.search(rf'<style>\.jp-Notebook:has\(\.{mark}\) [^<]*display: none', page)
   # Its diagram is an image: worded for one, where the live diagram opens a
   # group on a click.
-  image = _images(handle.updates[-1])['remat-snapshot-diagram'][0]
+  image = _images(page)['remat-snapshot-diagram'][0]
   assert 'opens with expand=' in image and 'click to open' not in image
   assert 'click to open' in e.diagram.svg
-  # A live view (counted by the front end) is never rebuilt under the user.
-  e.widget._view_count = 1
-  shown = len(handle.updates)
+  # Another policy, a comparison and a search: all of them in the output.
   e.policy.value = 'everything_saveable'
+  e.compare_button.click()
   e.wait(300)
-  assert len(handle.updates) == shown
-  assert 'everything_saveable' in e._repr_mimebundle_()['text/html']
+  page = notebook.updates[-1]['text/html']
+  everything = compile_costs(loss, *args, policy=rx.checkpoint_policies.everything_saveable)
+  assert 'under policy everything_saveable' in page
+  assert _cells(page, 'remat-costs-table')['peak bytes'].startswith(
+      f'{everything.peak_bytes:,} (')
+  compared = page[page.index('The last comparison'):].replace('<wbr>', '')
+  assert 'remat-comparison-table' in compared and 'everything_saveable' in compared
+  e.budget.value = 0.3
+  e.search_button.click()
+  e.wait(600)
+  page = notebook.updates[-1]['text/html']
+  searched = page[page.index('The last search'):].replace('<wbr>', '')
+  assert html_text(e.search_result.label) in searched
+  assert f'under policy {html_text(e.search_result.label)}' in page
+  assert len(notebook.shown) == 2  # the widget's view was sent once
 
 
 def test_a_compile_that_raises_is_said_in_the_snapshot(monkeypatch):

@@ -629,7 +629,7 @@ def test_the_costs_tab_shows_the_estimate_until_the_compile_lands(problem):
   e._generation += 1
   e._show_estimate(e._generation, 'dots_saveable', estimate)
   assert e.estimate_view.value == said
-  e._show_costs(e._generation, e.costs_view.value)
+  e._show_costs(e._generation, e.costs_view.value, dict(e._snapshot_costs))
   assert e.estimate_view.value == ''
 
 

@@ -14,8 +14,8 @@
 * ``report_html``: a self-contained HTML report (every compared policy's
   split diagram, each opened by a click).
 * ``html.snapshot.snapshot_html``: the Explorer as static HTML (images of
-  SVG, tables, text) for where widgets do not run; the Explorer's output
-  carries it beside the widget (``widget.notebook_output``).
+  SVG, tables, text) for where widgets do not run; shown in a notebook,
+  the Explorer's second output (``widget.notebook_output``).
 * ``explore(f, *args)`` / ``Explorer``: the ipywidgets Explorer, which only
   wires controls to the functions above (``_work`` runs its compiles on
   workers and applies their results on the main thread).

@@ -8,7 +8,8 @@ The snapshot says that it is one and how to get the live widget, then
 shows the view's caption, the compiled costs when they are known (XLA's
 figures, the memory timeline, what is live at the peak), the split diagram
 fitted to the cell's width (and, folded, at full size, to read its
-labels), the residual table, and the error when the analysis failed.
+labels), the residual table, the error when the analysis failed, and the
+Explorer's last search and comparison.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ _FITTED = 'max-width:100%;height:auto'
 
 def snapshot_html(report=None, costs=None, error: str | None = None, *, baseline=None,
                   policy: str | None = None, lowering: str | None = None, block=None,
-                  expand=(), diagram=None, figures=None) -> str:
+                  expand=(), diagram=None, figures=None, search: str | None = None,
+                  comparison: str | None = None) -> str:
   """The snapshot of one view of the Explorer (see the module).
 
   `report` is the view's ``RematReport`` (None when its analysis failed:
@@ -44,7 +46,8 @@ def snapshot_html(report=None, costs=None, error: str | None = None, *, baseline
   `block` and `expand` choose the diagram as ``split_graph`` does, or
   `diagram` is the ``RenderedDiagram`` already drawn (worded for an image:
   ``SplitDigraph.as_image``); `figures` what
-  ``compiled_figures`` read of `costs`, if it has.
+  ``compiled_figures`` read of `costs`, if it has; `search` and
+  `comparison` the HTML of the Explorer's last search and comparison.
   """
   policy = policy if policy is not None else (report.policy if report else 'no policy')
   lowering = lowering if lowering is not None else (report.lowering if report else '')
@@ -61,6 +64,10 @@ def snapshot_html(report=None, costs=None, error: str | None = None, *, baseline
                                            opens_on_click=False))
     parts.append(_diagram_html(diagram))
     parts.append(residual_table_html(report))
+  if search:
+    parts.append(f'<h4>The last search</h4>{search}')
+  if comparison:
+    parts.append(f'<h4>The last comparison</h4>{comparison}')
   parts.append('</div>')
   return ''.join(parts)
 

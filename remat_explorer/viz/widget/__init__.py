@@ -2,11 +2,11 @@
 layers below (the ``[lab]`` extra).
 
 * ``explorer``: ``explore`` / ``Explorer``.
-* ``notebook_output``: its output, the widget with its static snapshot
+* ``notebook_output``: its outputs, the widget, then its static snapshot
   (``viz.html.snapshot``) as ``text/html``, which follows the Explorer
-  while no live view shows it; ``shared_notebook``: a saved notebook's
-  widget views whose state was not saved dropped, so that its snapshots
-  show (``python -m remat_explorer share``; needs no widget library).
+  and hides itself where the widget is drawn; ``shared_notebook``: a
+  saved notebook's widget views whose state was not saved dropped (``python
+  -m remat_explorer share``; needs no widget library).
 * ``_panels``: its HTML pieces, pure functions; ``_policy_controls``: which
   policy each block runs under (per block, as an expression, picked
   names); ``_search``: the memory budget and the search, the budget a

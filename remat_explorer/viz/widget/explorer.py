@@ -30,6 +30,7 @@ from remat_explorer.viz.charts._figures import chart_img
 from remat_explorer.viz.diagram.render import render_diagram
 from remat_explorer.viz.widget.lab import require_lab
 from remat_explorer.viz.html.snapshot import compiled_figures, snapshot_html
+from remat_explorer.viz.text import html_text
 from remat_explorer.viz.diagram.split_graph import split_graph
 from remat_explorer.viz.html.tables import (RESIDUAL_SORT_KEYS, report_jaxprs_html,
                                        residual_table_html)
@@ -148,7 +149,10 @@ class Explorer:
     self._expanded: set[str] = set()
     self._drawn_block = self.block.value  # node ids are per drawing
     self._picking = False
-    self._snapshot = None  # what the snapshot of the view shown is drawn from
+    # What the snapshot of the view shown is drawn from: the analysis (or
+    # its error), then the compiled costs (or the compile's error).
+    self._snapshot: dict = {}
+    self._snapshot_costs: dict = {}
 
     self.lowering = w.Dropdown(options=list(LOWERINGS), value=DEFAULT_LOWERING,
                                description='lowering')
@@ -290,9 +294,10 @@ class Explorer:
                  f'(lowering {self.lowering.value}); choose another policy or '
                  'lowering, or fix the program and explore it again')
       self._show_error(e, context)
-      self._output.set_html(snapshot_html(error=f'{context}: {error_text(e)}',
-                                          policy=self.controls.label(),
-                                          lowering=self.lowering.value))
+      self._snapshot = dict(error=f'{context}: {error_text(e)}',
+                            policy=self.controls.label(), lowering=self.lowering.value)
+      self._snapshot_costs = {}
+      self._output.changed()
       return
     self.error.value = ''
     self.controls.shown()
@@ -300,7 +305,6 @@ class Explorer:
     # The compile takes the controls as they are now; its result is dropped
     # if they have changed again by the time it ends.
     fn, policy, lowering = self.f, self.current_policy(), self.lowering.value
-    snapshot = self._snapshot
     shown = self.controls.label()
     label = f'{self.layout.value} · {shown}' if self.layouts else shown
     self.costs_tab.add_class(STALE)
@@ -308,8 +312,7 @@ class Explorer:
     # choice again joins the one under way (the label names the choice,
     # picked names and blocks' own policies included).
     self._work.start(f'compiling under {label} · lowering {lowering}',
-                     lambda _: self._costs_html(fn, label, policy, lowering, report,
-                                                snapshot),
+                     lambda _: self._costs_html(fn, label, policy, lowering, report),
                      lambda compiled: self._show_costs(generation, *compiled),
                      lambda e: self._costs_failed(generation, e),
                      group='costs', key=(label, lowering))
@@ -340,12 +343,9 @@ class Explorer:
     self.program_view.value = (caption_html(self._shown(report), report.lowering, device,
                                             'jaxprs')
                                + report_jaxprs_html(report))
-    # The snapshot's diagram is an image, where a click opens nothing: drawn
-    # again worded so (a second `dot` run) where the snapshot is sent,
-    # that is while no live view shows the widget.
-    image = diagram if self._output.live else render_diagram(digraph.as_image())
-    self._snapshot = dict(report=report, policy=self._shown(report), diagram=image)
-    self._output.set_html(snapshot_html(**self._snapshot))
+    self._snapshot = dict(report=report, policy=self._shown(report), digraph=digraph)
+    self._snapshot_costs = {}  # not compiled yet
+    self._output.changed()
 
   def _render_residuals(self, report) -> None:
     caption = caption_html(self._shown(report), report.lowering, _panels.device_text(report),
@@ -355,10 +355,9 @@ class Explorer:
         f'{residual_table_html(report, sort_by=self.sort_by.value)}</div>'
         + chart_img(plot_residuals_by_origin(report), 'residual bytes by origin'))
 
-  def _costs_html(self, fn, label, policy, lowering, report, snapshot) -> tuple[str, str]:
-    """On a worker: compile `fn` under `policy` and under no remat, draw
-    the Costs tab and the static snapshot (`snapshot`: what it shows
-    besides) with them."""
+  def _costs_html(self, fn, label, policy, lowering, report) -> tuple[str, dict]:
+    """On a worker: compile `fn` under `policy` and under no remat; the
+    Costs tab drawn with them, and what the snapshot draws of them."""
     costs = compile_costs(fn, *self.args, policy=policy, lowering=lowering,
                           argnums=self.argnums, **self.kwargs)
     baseline = compile_costs(fn, *self.args, policy=NO_REMAT, argnums=self.argnums,
@@ -366,14 +365,14 @@ class Explorer:
     # The flag and the timeline read once, drawn twice.
     figures = None if costs.failed else compiled_figures(report, costs, baseline)
     return (_panels.costs_html(label, lowering, costs, baseline, report, figures),
-            snapshot_html(**snapshot, costs=costs, baseline=baseline, figures=figures))
+            dict(costs=costs, baseline=baseline, figures=figures))
 
-  def _show_costs(self, generation, html, snapshot=None) -> None:
+  def _show_costs(self, generation, html, snapshot_costs) -> None:
     if generation != self._generation:
       return  # a newer compile is under way; the view stays marked
     self.costs_view.value = html
-    if snapshot is not None:
-      self._output.set_html(snapshot)
+    self._snapshot_costs = snapshot_costs
+    self._output.changed()
     self.estimate_view.value = ''
     self._compiled_generation = generation
     self.costs_tab.remove_class(STALE)
@@ -387,8 +386,8 @@ class Explorer:
     if generation == self._generation:
       self.estimate_view.value = ''
       self.costs_tab.remove_class(STALE)  # nothing is coming
-      self._output.set_html(snapshot_html(**self._snapshot,
-                                          error=f'Compile failed: {error_text(e)}'))
+      self._snapshot_costs = dict(error=f'Compile failed: {error_text(e)}')
+      self._output.changed()
 
   def _compare(self) -> None:
     lowering, searched = self.lowering.value, self.search_result
@@ -425,6 +424,7 @@ class Explorer:
     self.compare_view.value = html
     self.compare_view.remove_class(STALE)
     self._mark_comparison()
+    self._output.changed()
 
   def _mark_comparison(self) -> None:
     """Mark the comparison out of date while the lowering differs from its."""
@@ -439,6 +439,7 @@ class Explorer:
     and add it to the comparison."""
     self.search_result = result
     self.search_note.value = _panels.search_html(result)
+    self._output.changed()
     if not result.fits:
       return
     self.controls.select(result.label, result.policy)
@@ -511,6 +512,26 @@ class Explorer:
     and what it starts) is done and shown; for scripts and tests. `timeout`
     bounds the whole wait: past it, ``TimeoutError``."""
     self._work.wait(timeout)
+    self._output.publish()
+
+  def _snapshot_html(self) -> str:
+    """The static snapshot of what the Explorer shows (``snapshot_html``):
+    the view's analysis, its compiled costs once compiled, the last search
+    and comparison. Its diagram is an image, where a click opens nothing:
+    drawn again worded so (a second `dot` run)."""
+    analysis = dict(self._snapshot)
+    digraph = analysis.pop('digraph', None)
+    if digraph is not None:
+      analysis['diagram'] = render_diagram(digraph.as_image())
+    compared = None
+    if self.comparison is not None:
+      compared = (f'<p class="remat-caption">lowering {html_text(self._compared_lowering)}'
+                  f'</p>{self.compare_view.value}')
+    search = self.search_note.value if self.search_result is not None else None
+    costs = dict(self._snapshot_costs)
+    error = ' · '.join(e for e in (analysis.pop('error', None), costs.pop('error', None)) if e)
+    return snapshot_html(**analysis, **costs, error=error or None, search=search,
+                         comparison=compared)
 
   def _show_tasks(self, tasks) -> None:
     self.progress.value = _panels.progress_html(tasks)
@@ -521,9 +542,10 @@ class Explorer:
 
   def _repr_mimebundle_(self, **kwargs):
     # Front ends that run widgets show the widget; the others (an untrusted
-    # notebook, a notebook viewer, nbconvert) the static snapshot
-    # (``notebook_output`` says when it follows the Explorer).
+    # notebook, a notebook viewer, nbconvert) the static snapshot.
     return self._output.bundle(**kwargs)
 
   def _ipython_display_(self) -> None:
+    # Shown in a notebook: the widget, then the snapshot as an output of
+    # its own, which follows the Explorer (``notebook_output``).
     self._output.display()

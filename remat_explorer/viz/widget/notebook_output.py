@@ -1,73 +1,146 @@
-"""The Explorer's output in a notebook: its widget, with a static snapshot.
+"""The Explorer's outputs in a notebook: its widget, then its snapshot.
 
-One output carries both: the widget's view (``application/vnd.jupyter.
-widget-view+json``) for front ends that run widgets, and the snapshot
-(``viz.html.snapshot``) as ``text/html`` for those that do not: an
-untrusted notebook, a notebook viewer, nbconvert. What a saved notebook
-shows without widgets is that ``text/html`` as it was last sent.
+A cell that shows an Explorer gets two outputs. The first is the widget's
+view (``application/vnd.jupyter.widget-view+json``), for front ends that
+run widgets. The second is the static snapshot (``viz.html.snapshot``) as
+``text/html``, for those that do not: an untrusted notebook, a notebook
+viewer, nbconvert, JupyterLab reopening a notebook saved without widget
+state. A notebook saved at any time holds the snapshot of what was on
+screen then: the policy shown, its compiled costs once compiled, the last
+comparison and search.
 
-The output is displayed with a display id, so that the snapshot can follow
-the Explorer (the compiled costs land seconds after the cell has shown it).
-It is updated only while no front end shows a live view of the widget:
-updating an output re-renders it, and JupyterLab then builds the widget's
-view anew (its diagram's pan and zoom lost, the page jumping). A front end
-that runs widgets counts its views on the widget (``_view_count``), so
-executors (nbclient, ``make notebooks``) and front ends without widgets get
-every update, and a live widget is never rebuilt under the user; what a
-user saves from a live session is the snapshot of when the cell ran, which
-says so when its costs were still compiling.
+The snapshot can follow the Explorer because it is an output of its own
+(shown with a display id): updating the widget's output would make
+JupyterLab build the widget's view anew, its diagram's pan and zoom lost
+and the page jumping. While a view of the widget is on the page, the
+snapshot hides itself: it carries a style rule that matches only where
+an element of its Explorer's widget is in the same notebook (``:has``),
+so it shows wherever the widget does not draw. It is drawn again a moment after the Explorer
+last changed (a policy switch changes it twice within a second: the
+analysis, then the compiled costs), on a thread of its own, so that
+drawing it (a second ``dot`` run, its diagram as an image) never slows
+the widget; it is sent from the kernel's thread, as widgets' changes are
+(``_work``). ``Explorer.wait`` draws and sends what is pending.
 """
 
 from __future__ import annotations
 
+import threading
 import weakref
+
+SETTLE_SECONDS = 1.0
+"""How long the snapshot waits after the Explorer's last change before it
+is drawn and sent."""
 
 _shown: 'weakref.WeakSet' = weakref.WeakSet()
 """The outputs of Explorers displayed in this kernel, for `wait_for_shown`."""
 
 
+def _display(bundle: dict, display_id: bool = False):
+  """IPython's ``display`` of a raw mime bundle (a handle with a display id)."""
+  from IPython.display import display
+  return display(bundle, raw=True, display_id=display_id)
+
+
 class ExplorerOutput:
-  """The output of one Explorer: `widget`'s view and the snapshot `html`."""
+  """The outputs of one Explorer: `widget`'s view, and the snapshot of
+  what `explorer` shows (its ``_snapshot_html``)."""
 
   def __init__(self, explorer, widget):
     self._explorer = weakref.ref(explorer)
     self._widget = widget
-    # Ask the front end to count its live views of the widget (ipywidgets
-    # leaves it uncounted, None, by default).
-    widget._view_count = 0
+    # The mark the snapshot looks for on the page: this widget's root.
+    self.mark = f'remat-explorer-of-{widget.model_id}'
+    widget.add_class(self.mark)
     self.html = ''
+    self._changes = 1  # what the Explorer showed, counted; drawn: `_drawn`
+    self._drawn = 0
+    self._sent = 0
     self._handles = []
+    self._lock = threading.Lock()
+    self._timer: threading.Timer | None = None
 
-  def bundle(self, **kwargs) -> dict:
+  def view_bundle(self, **kwargs) -> dict:
+    """The widget's view, with a line of text where it cannot show."""
     bundle = dict(self._widget._repr_mimebundle_(**kwargs))
-    bundle['text/html'] = self.html
+    bundle['text/plain'] = 'remat Explorer (its static snapshot is the next output)'
     return bundle
 
+  def bundle(self, **kwargs) -> dict:
+    """One output holding both (``_repr_mimebundle_``): for front ends that
+    ask an object for its representation rather than display it."""
+    return {**self._widget._repr_mimebundle_(**kwargs), 'text/html': self.snapshot()}
+
   def display(self) -> None:
-    from IPython.display import display
-    self._handles.append(display(self.bundle(), raw=True, display_id=True))
+    _display(self.view_bundle())
+    html = self.snapshot()
+    with self._lock:
+      self._sent = max(self._sent, self._drawn)
+    self._handles.append(_display({'text/html': html}, display_id=True))
     _shown.add(self)
 
-  @property
-  def live(self) -> bool:
-    """Whether a front end shows a live view of the widget (the snapshot
-    is then kept, not sent)."""
-    return bool(self._widget._view_count)
+  def changed(self) -> None:
+    """What the Explorer shows changed: the snapshot follows once it has
+    settled (see the module)."""
+    with self._lock:
+      self._changes += 1
+      if not self._handles:  # not displayed: drawn when asked for
+        return
+      if self._timer is not None:
+        self._timer.cancel()
+      self._timer = threading.Timer(SETTLE_SECONDS, self._settled)
+      self._timer.daemon = True
+      self._timer.start()
 
-  def set_html(self, html: str) -> None:
-    """The snapshot is now `html`; the outputs follow unless a live view
-    shows the widget (see the module)."""
-    if html != self.html:
-      self.html = html
-      self.publish()
+  def _settled(self) -> None:
+    """On the timer's thread: draw the snapshot, then send it from the
+    kernel's thread (messages sent from others may never reach the front
+    end)."""
+    explorer = self._explorer()
+    if explorer is not None:
+      self.snapshot()
+      explorer._work.post(self._send)
+
+  def snapshot(self) -> str:
+    """The snapshot of what the Explorer shows now, drawn if it changed.
+    Drawn outside the lock, so that a change meanwhile never waits for it;
+    of two drawings that cross, the later change's is kept."""
+    with self._lock:
+      change = self._changes
+      if change == self._drawn:
+        return self.html
+    explorer = self._explorer()
+    if explorer is None:
+      return self.html
+    hidden = f'remat-snapshot-of-{self._widget.model_id}'
+    # JupyterLab shows several notebooks in one page (another may hold a
+    # copy of this one, its widget drawn): there, the widget is looked for
+    # in the snapshot's own notebook, and the output's row goes, prompt
+    # included. Other front ends show one notebook a page.
+    style = (f'<style>.jp-Notebook:has(.{self.mark}) .jp-OutputArea-child:has(.{hidden}), '
+             f'body:not(:has(.jp-Notebook)):has(.{self.mark}) .{hidden} '
+             '{ display: none; }</style>')
+    html = f'<div class="{hidden}">{style}{explorer._snapshot_html()}</div>'
+    with self._lock:
+      if change > self._drawn:
+        self._drawn, self.html = change, html
+      return self.html
 
   def publish(self) -> None:
-    """Send the snapshot to the outputs again, unless a live view shows
-    the widget."""
-    if self.live:
-      return
+    """Draw the snapshot if it changed and send it to the outputs (what
+    ``Explorer.wait`` leaves: nothing pending); on the kernel's thread."""
+    if self._handles:
+      self.snapshot()
+      self._send()
+
+  def _send(self) -> None:
+    """Send the snapshot drawn last, unless the outputs hold it already."""
+    with self._lock:
+      if self._drawn == self._sent:
+        return
+      html, self._sent = self.html, self._drawn
     for handle in self._handles:
-      handle.update(self.bundle(), raw=True)
+      handle.update({'text/html': html}, raw=True)
 
   def publish_widget_state(self) -> None:
     """Send the state of every widget of the Explorer again."""
@@ -92,16 +165,15 @@ def _widget_tree(root) -> list:
 
 
 def wait_for_shown(timeout: float | None = None) -> None:
-  """Wait until every Explorer displayed in this kernel has done its work,
-  then send its snapshot and its widgets' state again: for executors that
-  save the notebook (nbclient records only what a kernel sends on behalf
-  of the cell it runs, and work that landed between cells went out on
-  behalf of the cell that displayed it). `timeout` is each Explorer's."""
+  """Wait until every Explorer displayed in this kernel has done its work
+  and sent its snapshot, then send its widgets' state again: for executors
+  that save the notebook (nbclient records only what a kernel sends on
+  behalf of the cell it runs, and work that landed between cells went out
+  on behalf of the cell that displayed it). `timeout` is each Explorer's."""
   for output in list(_shown):
     explorer = output._explorer()
     if explorer is not None:
-      explorer.wait(timeout)
-      output.publish()
+      explorer.wait(timeout)  # its snapshot sent too
       output.publish_widget_state()
 
 

@@ -1,5 +1,5 @@
 """A saved notebook made ready to share: widget views without saved state
-give way to the static output beside them.
+give way to the text beside them.
 
 A notebook saved from a JupyterLab whose "Save Jupyter widget state in
 notebooks" setting is off (its default) keeps each widget's view
@@ -7,9 +7,9 @@ notebooks" setting is off (its default) keeps each widget's view
 Reopened, JupyterLab picks the view, finds no model to draw it from and
 says "Error displaying widget: model not found", never falling back to the
 output's other data. Dropping those views leaves each output with what
-stands alone: an Explorer's snapshot (``text/html``), another widget's
-``text/plain``. Views whose state the notebook holds are kept: JupyterLab
-draws them from it.
+stands alone: its ``text/plain`` (an Explorer's says that its snapshot,
+the output after it, stands for it). Views whose state the notebook holds
+are kept: JupyterLab draws them from it.
 
 Works on the notebook's JSON as saved (nbformat 4): nothing is executed.
 """
