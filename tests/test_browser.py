@@ -902,6 +902,36 @@ def _check_timeline_hover(page, timeline, live_at):
                          timeout=10_000)
 
 
+def _check_source_lines_have_their_whole_path(page, timeline):
+  """A source line shown relative to the user's project has its file's
+  whole path as its tooltip: in the peak's table (drawn in Python) and in
+  a band's (drawn by the page's script)."""
+  def source_cells(panel):
+    return panel.locator('td').evaluate_all(
+        "(cells) => cells.filter(c => /\\.py:\\d+/.test(c.textContent))"
+        "  .map(c => [c.title, c.textContent])")
+
+  def whole(cells):
+    return cells and all(title.startswith(os.sep) and title.endswith(os.sep + text)
+                         for title, text in cells)
+  peak = source_cells(timeline.locator('.remat-at[data-at="peak"]'))
+  assert whole(peak), peak
+  bands = timeline.locator('.remat-band:not([data-at="peak"])')
+  for i in range(min(bands.count(), 24)):
+    band = bands.nth(i)
+    band.hover()
+    page.wait_for_function('([t, b]) => t.dataset.showing === b',
+                           arg=[timeline.element_handle(), band.get_attribute('data-band')],
+                           timeout=10_000)
+    cells = source_cells(_shown_panel(timeline))
+    if cells:
+      assert whole(cells), cells
+      break
+  else:
+    pytest.fail('no band of the first 24 lists a source line')
+  page.mouse.move(5, 5)
+
+
 def _check_modules_open_on_click(page, explorer):
   """The diagram of the NNX model draws its modules as named boxes, readable
   at the size shown; a click on one opens it, one level down."""
@@ -970,6 +1000,7 @@ def test_explorer_costs_list_what_is_live_at_the_peak(lab, browser):
   def live_at(step):
     return _kernel_print(page, _LIVE_AT.format(step=step) + 'print(live[0].buffer)').strip()
   _check_timeline_hover(page, timeline, live_at)
+  _check_source_lines_have_their_whole_path(page, timeline)
 
   # Nothing cut: the tables fit their box, no button is clipped, no escapes.
   # Measured once the page's fonts are in: while one loads, a label may be

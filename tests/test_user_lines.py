@@ -2,7 +2,9 @@
 ``print_saved_residuals`` names, whatever ran before, and a notebook cell
 named as its user sees it (``In [3], line 2``), not by IPython's temp file."""
 
+import html
 import json
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -16,6 +18,7 @@ import numpy as np
 from nbclient import NotebookClient
 
 from remat_explorer.analysis import analyze
+from remat_explorer.viz.text import html_text
 from tests.parity import printed_residuals
 
 
@@ -135,6 +138,21 @@ def test_a_model_installed_as_a_package_keeps_its_own_lines(tmp_path):
     lines = {r.source for r in report.residuals if r.primitive == 'add'}
     assert lines and all(line.startswith(f'{name}/__init__.py:10 ') for line in lines), lines
     assert not any('core_fn' in b.name for b in report.blocks), [b.name for b in report.blocks]
+    # The tables show the line so; its file's whole path is its tooltip.
+    from remat_explorer import viz
+    from remat_explorer.analysis import compile_costs, live_at_peak
+    whole = f'{os.path.realpath(package)}/__init__.py:10 '
+    table = viz.residual_table_html(report)
+    titles = [(html.unescape(title), html.unescape(text.replace('<wbr>', ''))) for title, text
+              in re.findall(r'<td[^>]* title="([^"]*)">([^<]*(?:<wbr>[^<]*)*)</td>', table)]
+    assert (f'{os.path.realpath(package)}/__init__.py:10 (Block.__call__)',
+            f'{name}/__init__.py:10 (Block.__call__)') in titles, titles
+    here = os.path.realpath(__file__)
+    assert all(title.startswith(here) and text == os.path.relpath(here) + title[len(here):]
+               for title, text in titles if 'test_user_lines' in text), titles
+    live = live_at_peak(report, compile_costs(loss, params, x))
+    peak = viz.peak_table_html(live)
+    assert html_text(whole) in peak, peak
   finally:
     shutil.rmtree(package, ignore_errors=True)
     sys.modules.pop(name, None)

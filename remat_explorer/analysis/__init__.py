@@ -70,6 +70,7 @@ from remat_explorer.analysis.xla.timeline import Buffer, MemoryTimeline
 # pieces its views share with the analysis.
 from remat_explorer.analysis.context import TraceSettings
 from remat_explorer.analysis.program.devices import mesh_text
+from remat_explorer.analysis.source.origins import full_path
 from remat_explorer.analysis.program.keywords import check_keywords
 from remat_explorer.analysis.split.graph import GraphBlock, GraphNode, SplitGraph, split_graph_of
 from remat_explorer.analysis.tradeoffs.compare import AS_WRITTEN, AS_WRITTEN_NO_REMAT
@@ -88,7 +89,7 @@ __all__ = [
     'error_summary', 'target_mesh', 'register_gpu_target', 'gpu_target_config',
     'gpu_target_names', 'device_memory_bytes',
     # for the rendering layer
-    'TraceSettings', 'mesh_text', 'check_keywords', 'GraphBlock', 'GraphNode', 'SplitGraph',
+    'TraceSettings', 'mesh_text', 'full_path', 'check_keywords', 'GraphBlock', 'GraphNode', 'SplitGraph',
     'split_graph_of', 'AS_WRITTEN', 'AS_WRITTEN_NO_REMAT', 'recompute_eliminated', 'MISSING',
     'byte_unit', 'flop_unit', 'format_bytes', 'format_flops', 'format_seconds',
     'memory_share_text',

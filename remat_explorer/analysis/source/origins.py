@@ -256,11 +256,37 @@ def _relative_path(path: str) -> str:
   real = os.path.realpath(path)
   module = _module_names().get(real)
   if module is not None:
-    return module.replace('.', os.sep) + (
+    shown = module.replace('.', os.sep) + (
         os.sep + '__init__.py' if os.path.basename(real) == '__init__.py' else '.py')
-  roots = {os.path.realpath(p or os.curdir) for p in (os.curdir, *sys.path)}
-  holding = [r for r in roots if real.startswith(r.rstrip(os.sep) + os.sep)]
-  return os.path.relpath(real, max(holding, key=len)) if holding else path
+  else:
+    roots = {os.path.realpath(p or os.curdir) for p in (os.curdir, *sys.path)}
+    holding = [r for r in roots if real.startswith(r.rstrip(os.sep) + os.sep)]
+    shown = os.path.relpath(real, max(holding, key=len)) if holding else path
+  if shown != real:
+    # Two files shown alike: neither is named in full.
+    _FULL_PATHS[shown] = real if _FULL_PATHS.get(shown, real) == real else None
+  return shown
+
+
+_FULL_PATHS: dict[str, str | None] = {}
+"""Each file shown shortened (``relative_path``) -> its real path; None
+where two files are shown alike."""
+
+
+def full_path(source: str) -> str | None:
+  """The real path of the file a source line (``file:line (function)``,
+  as the views give it) names, where the views show it shortened; None
+  for a notebook cell, a file shown in full, or one not seen here.
+
+  Example:
+    >>> import os
+    >>> from remat_explorer.analysis.source.origins import relative_path
+    >>> shown = relative_path(os.path.abspath('model.py'))
+    >>> shown, full_path(f'{shown}:12 (loss)') == os.path.realpath('model.py')
+    ('model.py', True)
+  """
+  file = source.rsplit(' (', 1)[0].rsplit(':', 1)[0]
+  return _FULL_PATHS.get(file)
 
 
 def _module_names() -> dict[str, str]:

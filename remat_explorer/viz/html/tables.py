@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Iterable
 
-from remat_explorer.analysis import Comparison, RematReport, Residual, mesh_text
+from remat_explorer.analysis import Comparison, RematReport, Residual, full_path, mesh_text
 from remat_explorer.viz.charts._figures import short_label
 from remat_explorer.viz.text import (MISSING, format_bytes, format_flops, format_seconds,
                                      html_text, memory_share_text, unique_lines)
@@ -65,13 +65,38 @@ def breakable_html(text) -> str:
   return _BREAK_AFTER.sub(r'\1<wbr>', html_text(text))
 
 
+class Titled(str):
+  """A cell's text with its tooltip: what the cell shortens, in full."""
+  tooltip: str
+
+  def __new__(cls, text: str, tooltip: str):
+    cell = super().__new__(cls, text)
+    cell.tooltip = tooltip
+    return cell
+
+
+def source_cell(source: str | None) -> str:
+  """A source line's cell (``file:line (function)``): where its file is
+  shown shortened (relative to the user's project, or by its module's
+  name), the line with the file's whole path as its tooltip."""
+  path = full_path(source) if source else None
+  if path is None:
+    return source or ''
+  file = source.rsplit(' (', 1)[0].rsplit(':', 1)[0]
+  return Titled(source, path + source[len(file):])
+
+
 def cells_html(cells, classes=()) -> str:
   """``<td>``s of `cells` (escaped), each with its class from `classes`
-  (positionally; '' or missing: none); a wrapping cell's text breaks after
-  the '_', '/', '.' of its names (``breakable_html``)."""
+  (positionally; '' or missing: none) and its tooltip if it has one
+  (``Titled``); a wrapping cell's text breaks after the '_', '/', '.' of
+  its names (``breakable_html``)."""
   def cell(css, value):
     text = breakable_html(value) if css in (WRAP, LABEL) else html_text(value)
-    return f'<td class="{css}">{text}</td>' if css else f'<td>{text}</td>'
+    tooltip = getattr(value, 'tooltip', None)
+    attributes = (f' class="{css}"' if css else '') + (
+        f' title="{html_text(tooltip)}"' if tooltip else '')
+    return f'<td{attributes}>{text}</td>'
   classes = list(classes) + [''] * (len(cells) - len(classes))
   return ''.join(map(cell, classes, cells))
 
@@ -131,7 +156,7 @@ def _residual_cells(r: Residual, sharded: bool = False) -> list[str]:
   if r.memory_space != 'device':
     origin += f' (offloaded to {r.memory_space})'
   cells = [str(r.index), str(r.shape), r.dtype, f'{r.bytes:,} ({format_bytes(r.bytes)})',
-           origin, r.name or '', r.block or '', r.source or '']
+           origin, r.name or '', r.block or '', source_cell(r.source)]
   if sharded:
     cells[4:4] = [r.sharding or MISSING, _per_device_cell(r)]
   return cells
@@ -299,7 +324,7 @@ on one line."""
 def peak_cells(r) -> list[str]:
   """A live buffer (``PeakBuffer``) as the text of `PEAK_HEADINGS`' columns."""
   return [f'{r.bytes:,} ({format_bytes(r.bytes)})', r.kind, r.holds(), r.module_path,
-          r.source, r.made_by, format_flops(r.recompute_flops_to_drop), r.buffer]
+          source_cell(r.source), r.made_by, format_flops(r.recompute_flops_to_drop), r.buffer]
 
 
 def live_summary(rows) -> str:

@@ -90,8 +90,11 @@ def live_data(view: TimelineView, keys: dict[int, str] | None = None) -> dict:
             or any(cells[j][1 + i] not in ('', MISSING) for j in ids)]
     lists[f'b{index}'] = {'rows': ids, 'columns': used, 'caption': live_summary(live),
                           'rest': rest_text(live, shown)}
+  # A source line's whole path, once per line (``tables.source_cell``).
+  tooltips = {cell: cell.tooltip for row in cells for cell in row if hasattr(cell, 'tooltip')}
   return {'headings': list(PEAK_HEADINGS), 'rows': cells, 'lists': lists,
-          'wrapped': [i for i, h in enumerate(PEAK_HEADINGS) if h in PEAK_WRAPPED]}
+          'wrapped': [i for i, h in enumerate(PEAK_HEADINGS) if h in PEAK_WRAPPED],
+          'tooltips': tooltips}
 
 
 def _json_for_html(data) -> str:

@@ -36,6 +36,8 @@ function liveTable(data, list) {
       } else {
         td.textContent = row[1 + c];
       }
+      const tooltip = data.tooltips[row[1 + c]];  // a source line's whole path
+      if (tooltip) td.title = tooltip;
     }
   }
   if (list.rest) {
