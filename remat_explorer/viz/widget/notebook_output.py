@@ -127,16 +127,19 @@ class ExplorerOutput:
       return self.html
 
   def publish(self) -> None:
-    """Draw the snapshot if it changed and send it to the outputs (what
-    ``Explorer.wait`` leaves: nothing pending); on the kernel's thread."""
+    """Draw the snapshot if it changed and send it to the outputs, even if
+    sent before (``Explorer.wait``: what an executor saves is what it
+    received while a cell ran, and a message sent between cells never
+    reached it); on the kernel's thread."""
     if self._handles:
       self.snapshot()
-      self._send()
+      self._send(again=True)
 
-  def _send(self) -> None:
-    """Send the snapshot drawn last, unless the outputs hold it already."""
+  def _send(self, again: bool = False) -> None:
+    """Send the snapshot drawn last, unless the outputs hold it already
+    (or `again`)."""
     with self._lock:
-      if self._drawn == self._sent:
+      if self._drawn == self._sent and not again:
         return
       html, self._sent = self.html, self._drawn
     for handle in self._handles:
