@@ -646,3 +646,31 @@ def test_policies_that_compile_to_one_program_share_one_compile():
   assert not any('same program' in n for n in dots.notes + written.notes)
   # Its matmuls' outputs are saved, not recomputed: fewer in its program.
   assert dots.lowered_matmuls < written.lowered_matmuls
+
+
+def test_a_loss_that_closes_over_a_ref_compiles_as_by_hand():
+  """A loss that closes over a mutable ref takes the ref as an input and
+  gives its new value as an output that its argument and result trees do
+  not hold (JAX's ``Compiled`` cannot lay out their shardings): its costs
+  are XLA's all the same, as compiled by hand, and the ref is untouched."""
+  x_ref = jax.new_ref(jax.random.normal(jax.random.key(11), (64,)))
+  before = np.asarray(x_ref[...])
+
+  def block(y, x_ref):
+    out = jnp.sin(y * x_ref[...])
+    x_ref[...] += 1
+    return jnp.sum(jnp.sin(out))
+
+  def loss(y):
+    return rx.checkpoint(block)(y, x_ref)
+  y = jax.random.normal(jax.random.key(12), (64,))
+  costs = compile_costs(loss, y)
+  by_hand = jax.jit(jax.value_and_grad(loss)).lower(y).compile()
+  assert not costs.failed, costs.error
+  memory = by_hand.memory_analysis()
+  assert costs.memory_analysis == {name: getattr(memory, name) for name in dir(memory)
+                                   if not name.startswith('_')
+                                   and isinstance(getattr(memory, name), int)}
+  assert costs.xla_flops == by_hand.cost_analysis()['flops']
+  assert costs.num_devices == 1
+  np.testing.assert_array_equal(np.asarray(x_ref[...]), before)

@@ -60,3 +60,22 @@ def test_committed_charts_show_unscaled_in_a_notebook_cell():
   assert len(images) >= 8, images
   for name, width, dpi in images:
     assert dpi is not None and round(dpi) >= CHART_DPI and width <= 900, (name, width, dpi)
+
+
+def test_committed_explorer_snapshots_hold_compiled_costs():
+  """`make notebooks` saves each Explorer's snapshot once its compiles
+  are done: the snapshot output after each Explorer holds XLA's figures,
+  not "not compiled when it was saved"."""
+  import nbformat
+  from remat_explorer.viz.html.snapshot import NOT_COMPILED
+  from remat_explorer.viz.text import html_text
+  snapshots = []
+  for path in NOTEBOOKS:
+    for cell in nbformat.read(path, as_version=4).cells:
+      for output in cell.get('outputs', []):
+        html = output.get('data', {}).get('text/html', '')
+        if 'remat-snapshot-of-' in html:
+          snapshots.append((path.name, 'remat-costs-table' in html,
+                            html_text(NOT_COMPILED) in html))
+  assert len(snapshots) >= 5, snapshots
+  assert all(costs and not missing for _, costs, missing in snapshots), snapshots

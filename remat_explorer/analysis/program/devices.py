@@ -156,9 +156,17 @@ def compiled_placement(compiled, fallback: Placement | None) -> Placement:
   """Devices and mesh of a compiled executable: the device count from its
   parameter and result shardings, the mesh from a ``NamedSharding`` among
   them, else from `fallback` (what the problem named)."""
-  shardings = [s for s in jax.tree_util.tree_leaves(
-      (compiled.input_shardings, compiled.output_shardings))
-      if isinstance(s, jax.sharding.Sharding)]
+  try:
+    placed = (compiled.input_shardings, compiled.output_shardings)
+  except ValueError:
+    # A program that closes over a mutable ref takes the ref as an input and
+    # gives its new value as an output that its trees do not hold: JAX cannot
+    # lay their shardings out ("Too many leaves for PyTreeDef").
+    if fallback is not None:
+      return fallback
+    placed = ()
+  shardings = [s for s in jax.tree_util.tree_leaves(placed)
+               if isinstance(s, jax.sharding.Sharding)]
   count = max((len(s.device_set) for s in shardings), default=1)
   mesh = next((tuple(s.mesh.shape.items()) for s in shardings
                if isinstance(s, NamedSharding) and not s.mesh.empty), None)
