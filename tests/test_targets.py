@@ -424,3 +424,26 @@ def test_two_targets_of_one_shape_are_not_confused():
   assert results['h100:2'].device_kind == 'NVIDIA H100 80GB HBM3'
   assert results['a100:2'].device_kind == 'NVIDIA A100-SXM4-80GB'
   assert results['a100:2'].device_memory_bytes == 85100068864
+
+
+def test_policies_whose_forward_passes_lower_alike_ask_the_partitioner_once():
+  """The residuals' shardings come from compiling the forward pass: under
+  the policy the program was written with and under ``nothing_saveable``
+  (the same forward pass) it is compiled once, and their shardings agree;
+  on another target of the same mesh shape it is compiled for that one."""
+  from remat_explorer.analysis.context import compiles_run
+  loss = _loss(rx.checkpoint_policies.nothing_saveable)
+  w, x = _stack(rx.target_mesh('h100:4'), layers=2, seq=64, width=256, seed=8)
+  rx.clear_caches()
+  before = compiles_run()
+  written = rx.analyze(loss, w, x)
+  assert compiles_run() - before == 1
+  again = rx.analyze(loss, w, x, policy=rx.checkpoint_policies.nothing_saveable)
+  assert compiles_run() - before == 1
+  shardings = [r.sharding for r in written.residuals]
+  assert [r.sharding for r in again.residuals] == shardings and "P('data')" in shardings
+  w, x = _stack(rx.target_mesh('a100:4'), layers=2, seq=64, width=256, seed=8)
+  other = rx.analyze(loss, w, x)
+  assert compiles_run() - before == 2
+  assert other.device_kind == 'NVIDIA A100-SXM4-80GB'
+  assert [r.sharding for r in other.residuals] == shardings

@@ -10,8 +10,10 @@ anywhere in the jaxpr (in JAX's default Auto sharding mode).
 
 So we ask the partitioner. The forward half that ``analyze`` builds with
 ``jax.vjp`` (the outputs, then the residuals) is jitted on the arguments as
-they are placed, compiled, and ``compiled.output_shardings`` says how each
-residual is sharded; its per-device shape is ``sharding.shard_shape(shape)``.
+they are placed, compiled (once per forward program: policies whose
+forward passes lower alike share the answer), and
+``compiled.output_shardings`` says how each residual is sharded; its
+per-device shape is ``sharding.shard_shape(shape)``.
 The split itself stays the engine's (``engine/split.py``); this module only
 reads where its results live.
 
@@ -26,6 +28,7 @@ per-device shape, none is given: a label is left out rather than guessed. Inside
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 from typing import Iterable, Sequence
 
@@ -33,6 +36,7 @@ import jax
 from jax.extend import core
 from jax.sharding import NamedSharding
 
+from remat_explorer.analysis.cache import ResultCache
 from remat_explorer.analysis.context import note_compile
 from remat_explorer.analysis.source.producers import is_scan_step
 from remat_explorer.analysis.split.report import Residual
@@ -50,17 +54,33 @@ class ShardingsUnknown(Exception):
   (it does not fit the target's memory, say): its message, one line."""
 
 
+_ASKED = ResultCache(64)
+"""The partitioner's answers by forward program (the SHA-256 of its lowered
+text) and the shardings of its arguments: policies whose forward passes
+lower alike (the program as written and ``nothing_saveable``, say) compile
+it once."""
+
+
 def compiled_output_shardings(closed: core.ClosedJaxpr, leaves: Sequence):
   """``compiled.output_shardings`` of `closed` jitted at `leaves` (arrays,
   placed as they are, or ``ShapeDtypeStruct``s with their shardings).
   Raises ``ShardingsUnknown`` where XLA refuses to compile it."""
-  note_compile()
   lowered = jax.jit(core.jaxpr_as_fun(closed)).lower(*leaves)
-  try:
-    compiled = lowered.compile()
-  except jax.errors.JaxRuntimeError as e:
-    raise ShardingsUnknown(str(e).strip().splitlines()[0]) from None
-  return list(compiled.output_shardings)
+  # The text names the mesh's axes, not its devices: the arguments'
+  # shardings do (two targets of one mesh shape lower alike).
+  key = (hashlib.sha256(lowered.as_text().encode()).hexdigest(),
+         tuple(getattr(leaf, 'sharding', None) for leaf in leaves))
+  answer = _ASKED.get(key)
+  if answer is None:
+    note_compile()
+    try:
+      answer = tuple(lowered.compile().output_shardings)
+    except jax.errors.JaxRuntimeError as e:
+      answer = str(e).strip().splitlines()[0]  # XLA's refusal, kept as well
+    _ASKED.put(key, answer)
+  if isinstance(answer, str):
+    raise ShardingsUnknown(answer)
+  return list(answer)
 
 
 def residual_positions(residual_jaxpr: core.Jaxpr, origins) -> list[int | None]:
