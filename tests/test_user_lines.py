@@ -177,3 +177,22 @@ def test_residuals_made_in_a_scanned_block_name_the_blocks_line():
   named = {r.name: r.source for r in analyze(loss, *args, policy=policy).residuals if r.name}
   assert '(_attention)' in named['attention_output'], named
   assert '(_transformer_block)' in named['mlp_hidden'], named
+
+
+def test_a_value_einops_computes_is_named_by_the_line_that_called_it():
+  """einops is machinery between the model and JAX, as jax.numpy is: a
+  residual its ``einsum`` computed is the model's line that called it, as
+  recurrentgemma's Griffin calls it (it showed ``einops/_backends.py``)."""
+  import einops
+  import remat_explorer as rx
+
+  def block(w, x):
+    h = einops.einsum(x, w, 'b i, i o -> b o')  # the line a residual names
+    return jnp.sum(h * jnp.sin(h))
+  w, x = jax.random.normal(jax.random.key(9), (2, 8, 8))
+  report = analyze(rx.checkpoint(block, policy=rx.checkpoint_policies.everything_saveable),
+                   w, x)
+  line = block.__code__.co_firstlineno + 1
+  sources = {r.source for r in report.residuals}
+  assert any(s and s.startswith(f'tests/test_user_lines.py:{line} ') for s in sources), sources
+  assert not any(s and 'einops' in s.split(' (')[0] for s in sources), sources

@@ -49,7 +49,8 @@ from remat_explorer.engine import is_engine_scope
 # is the user's code all the same.
 _LIBRARIES = ('jax', 'jaxlib', 'flax', 'equinox', 'optax', 'chex', 'jaxtyping',
               'typeguard', 'wadler_lindig', 'treescope', 'numpy', 'ml_dtypes',
-              'opt_einsum', 'diffrax', 'lineax', 'optimistix', 'remat_explorer',
+              'opt_einsum', 'einops', 'haiku', 'diffrax', 'lineax', 'optimistix',
+              'remat_explorer',
               # what runs the user's code: notebooks, widgets, test runners
               'IPython', 'ipykernel', 'ipywidgets', 'anywidget', 'traitlets', 'tornado',
               'zmq', 'jupyter_client', 'nbclient', 'pytest', '_pytest', 'pluggy',
