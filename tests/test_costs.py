@@ -674,3 +674,27 @@ def test_a_loss_that_closes_over_a_ref_compiles_as_by_hand():
   assert costs.xla_flops == by_hand.cost_analysis()['flops']
   assert costs.num_devices == 1
   np.testing.assert_array_equal(np.asarray(x_ref[...]), before)
+
+
+def test_compiles_for_figures_keep_no_program_once_read(monkeypatch):
+  """``compare``, the search and ``compile_costs`` without runs keep XLA's
+  figures of each compile, not the compiled or the lowered program (for
+  recurrentgemma's Griffin, 1.3 GiB a policy, held in the caches)."""
+  import gc
+  import weakref
+  made = []
+  compile_lowered = jax.stages.Lowered.compile
+
+  def recorded(self, *args, **kwargs):
+    compiled = compile_lowered(self, *args, **kwargs)
+    made.append((weakref.ref(self), weakref.ref(compiled)))
+    return compiled
+  monkeypatch.setattr(jax.stages.Lowered, 'compile', recorded)
+  loss_fn, args = examples.mlp(num_layers=3, width=32, batch=8, seed=13)
+  rx.clear_caches()
+  table = compare(loss_fn, *args, policies=['nothing_saveable', 'dots_saveable'])
+  costs = compile_costs(loss_fn, *args, policy=rx.checkpoint_policies.everything_saveable)
+  gc.collect()
+  assert len(made) >= 3 and not any(row.failed for row in table.rows) and not costs.failed
+  kept = [(lowered() is not None, compiled() is not None) for lowered, compiled in made]
+  assert kept == [(False, False)] * len(made), kept

@@ -38,8 +38,9 @@ checks it); each subpackage's ``__init__`` lists its modules:
 Shared by every layer: ``units`` (figures in words, element sizes),
 ``cache`` (result caches, ``clear_caches``), ``context`` (trace settings
 and the compile count), ``full_collections`` (Python's full garbage
-collections held off while a batch of analyses runs) and ``errors``
-(exceptions as users read them).
+collections held off while a batch of analyses runs), ``freed_memory``
+(what reading a compiled program freed, given back to the system) and
+``errors`` (exceptions as users read them).
 """
 
 from remat_explorer.analysis.split.analyze import analyze

@@ -45,6 +45,13 @@ class ResultCache:
       while len(self._entries) > self.max_entries:
         self._entries.popitem(last=False)
 
+  def pop(self, key):
+    """The entry of `key`, taken out; None if there is none."""
+    if key is None:
+      return None
+    with self._lock:
+      return self._entries.pop(key, None)
+
   def clear(self) -> None:
     with self._lock:
       self._entries.clear()

@@ -96,12 +96,19 @@ class TracedStep:
 _traced_steps = ResultCache(max_entries=32)
 
 
-def trace_step(problem, policy, lowering, donated: tuple[int, ...]) -> TracedStep:
+def trace_step(problem, policy, lowering, donated: tuple[int, ...], *,
+               keep: bool = True) -> TracedStep:
   """`problem`'s training step under `policy` and `lowering`, traced with
   ``jax.jit`` (`donated`: traced positions donated), cached by everything
-  that changes it."""
+  that changes it.
+
+  A step about to be compiled is taken out of the cache (`keep=False`):
+  JAX keeps a traced program's lowered module for as long as the program
+  lives (its lowering cache is keyed on the jaxpr), so a cached step held
+  its whole module once compiled, 1.3 GiB for each policy of
+  recurrentgemma's Griffin. The compile's figures are cached on their own."""
   key = problem.cache_key('step', policy, lowering, donated)
-  found = _traced_steps.get(key)
+  found = _traced_steps.get(key) if keep else _traced_steps.pop(key)
   if found is not None:
     return found
   program, blocks, notes = problem.program_with_blocks(policy, lowering)
@@ -111,5 +118,6 @@ def trace_step(problem, policy, lowering, donated: tuple[int, ...]) -> TracedSte
       traced=traced, program=program, policy=policy_label(policy, blocks),
       lowering=lowering or ', '.join(sorted({b.lowering for b in blocks})),
       notes=tuple(notes))
-  _traced_steps.put(key, found)
+  if keep:
+    _traced_steps.put(key, found)
   return found

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import functools
 import hashlib
 import numbers as numbers_module
 import re
@@ -30,6 +29,7 @@ from remat_explorer import engine
 from remat_explorer.analysis.xla.collectives import Collective, collectives_in
 from remat_explorer.analysis.xla.costs import CompiledCosts
 from remat_explorer.analysis.cache import ResultCache
+from remat_explorer.analysis.freed_memory import give_back_freed_memory
 from remat_explorer.analysis.context import note_compile
 from remat_explorer.analysis.program.keywords import check_keywords, entry_point
 from remat_explorer.analysis.program.step import StepRequest, trace_step
@@ -111,14 +111,31 @@ def compile_costs(f, *args, policy: PolicyChoice = None, lowering: str | None = 
   costs, runnable = pending.entry()
   if not repeats or costs.failed:
     return costs
-  # Timed once per number of runs, with the executable compiled above (in
-  # full, on first use, where the figures came from an analysis compile).
+  # Timed once per number of runs, with the executable compiled above (or,
+  # where the figures came from an analysis compile, one compiled in full).
   timed_key = None if pending.key is None else (pending.key, repeats)
   timed = _timed.get(timed_key)
   if timed is None:
-    timed = with_run_times(costs, runnable(), pending.leaves, repeats, pending.donated)
+    executable = runnable()
+    if executable is None:  # figures of an analysis compile, which keeps nothing to run
+      executable = _compiled_to_run(f, args, kwargs, policy=policy, lowering=lowering,
+                                    argnums=argnums, has_aux=has_aux,
+                                    whole_function=whole_function,
+                                    donate_argnums=donate_argnums)
+    timed = with_run_times(costs, executable, pending.leaves, repeats, pending.donated)
     _timed.put(timed_key, timed)
   return timed
+
+
+def _compiled_to_run(f, args, kwargs, *, policy, lowering, argnums, has_aux,
+                     whole_function, donate_argnums):
+  """The step compiled in full, to run (not kept: its run times are)."""
+  request = StepRequest.make(f, args, kwargs, policy=policy, argnums=argnums,
+                             has_aux=has_aux, whole_function=whole_function,
+                             donate_argnums=donate_argnums, caller='compile_costs')
+  step = trace_step(request.problem, request.policy, lowering, request.donated, keep=False)
+  note_compile()
+  return step.traced.lower().compile()
 
 
 _timed = ResultCache(max_entries=64)
@@ -159,8 +176,9 @@ class PendingCosts:
     """(costs, runnable), as ``_StepCompile.finish`` gives them."""
     if self._entry is None:
       self._entry = self._compile.finish()
-      self._compile = None
+      self._compile, self.compiled = None, _done_with(lambda: None)
       _cache.put(self.key, self._entry)
+      give_back_freed_memory()  # the program and what reading it built, dropped
     return self._entry
 
   def result(self) -> CompiledCosts:
@@ -181,7 +199,7 @@ def _start(f, args, kwargs, *, policy, lowering, argnums, has_aux, whole_functio
   entry = _cache.get(key)
   if entry is not None:
     return PendingCosts(key, problem.leaves, donated, entry=entry)
-  step = trace_step(problem, policy, lowering, donated)
+  step = trace_step(problem, policy, lowering, donated, keep=False)
   return PendingCosts(key, problem.leaves, donated, compile_=start_step_compile(
       step.traced, problem.leaves, function=problem.name, policy=step.policy,
       lowering=step.lowering, compiler_options=compiler_options,
@@ -198,8 +216,8 @@ def start_step_compile(step, leaves, *, function, policy, lowering, donate_argnu
   ``trace_step``, whose donations it keeps) and start XLA's compile, on
   `executor`'s thread or, without one, on this one.
   Unless `for_running` or the caller gives its own `compiler_options`, the
-  figures come from an analysis compile, and ``runnable()`` compiles in
-  full on its first call.
+  figures come from an analysis compile, which keeps nothing to run
+  (``runnable()`` gives None).
   With a `program_key` (what, besides the program, decides the compile:
   the arguments, their devices, the options), a step that lowers to the
   program of a step compiled or compiling under the same key is not
@@ -294,7 +312,7 @@ class _StepCompile:
       return self._finished
 
   def _read(self):
-    notes, common, lowered = list(self.notes), self.common, self.lowered
+    notes, common = list(self.notes), self.common
     analysis, lower_seconds = self.analysis, self.lower_seconds
     try:
       compiled, compile_seconds = self.compiled.result()
@@ -372,16 +390,14 @@ class _StepCompile:
         compiled_matmuls=module.matmul_count() if module else None,
         timeline=timeline, notes=tuple(notes), num_devices=devices.num_devices,
         mesh_shape=devices.mesh_shape, collectives=collectives)
-    if engine.is_compile_only(self.device):  # nothing to run: keep no executable
+    # An analysis compile (figures only: ``compile_costs`` without runs,
+    # ``compare``, the search) keeps nothing to run: a step compiled to run
+    # is compiled for running, under a key of its own. Keeping its lowered
+    # program to compile later held 1.3 GiB per policy of recurrentgemma's
+    # Griffin, in the caches, for nothing.
+    if engine.is_compile_only(self.device) or analysis:
       return costs, lambda: None
-    if not analysis:
-      return costs, lambda: compiled
-
-    @functools.cache
-    def runnable():
-      note_compile()
-      return lowered.compile()
-    return costs, runnable
+    return costs, lambda: compiled
 
 
 class _SameProgram:
