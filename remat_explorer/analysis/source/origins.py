@@ -275,19 +275,20 @@ where two files are shown alike."""
 
 
 def full_path(source: str) -> str | None:
-  """The real path of the file a source line (``file:line (function)``,
-  as the views give it) names, where the views show it shortened; None
-  for a notebook cell, a file shown in full, or one not seen here.
+  """A source line (``file:line (function)``, as the views give it) with
+  its file's real path in full, where the views show the file shortened;
+  None for a notebook cell, a file shown in full, or one not seen here.
 
   Example:
     >>> import os
     >>> from remat_explorer.analysis.source.origins import relative_path
     >>> shown = relative_path(os.path.abspath('model.py'))
-    >>> shown, full_path(f'{shown}:12 (loss)') == os.path.realpath('model.py')
+    >>> shown, full_path(f'{shown}:12 (loss)') == os.path.realpath('model.py') + ':12 (loss)'
     ('model.py', True)
   """
   file = source.rsplit(' (', 1)[0].rsplit(':', 1)[0]
-  return _FULL_PATHS.get(file)
+  path = _FULL_PATHS.get(file)
+  return None if path is None else path + source[len(file):]
 
 
 def _module_names() -> dict[str, str]:

@@ -79,11 +79,8 @@ def source_cell(source: str | None) -> str:
   """A source line's cell (``file:line (function)``): where its file is
   shown shortened (relative to the user's project, or by its module's
   name), the line with the file's whole path as its tooltip."""
-  path = full_path(source) if source else None
-  if path is None:
-    return source or ''
-  file = source.rsplit(' (', 1)[0].rsplit(':', 1)[0]
-  return Titled(source, path + source[len(file):])
+  whole = full_path(source) if source else None
+  return source or '' if whole is None else Titled(source, whole)
 
 
 def cells_html(cells, classes=()) -> str:
