@@ -118,24 +118,10 @@ def compile_costs(f, *args, policy: PolicyChoice = None, lowering: str | None = 
   if timed is None:
     executable = runnable()
     if executable is None:  # figures of an analysis compile, which keeps nothing to run
-      executable = _compiled_to_run(f, args, kwargs, policy=policy, lowering=lowering,
-                                    argnums=argnums, has_aux=has_aux,
-                                    whole_function=whole_function,
-                                    donate_argnums=donate_argnums)
+      executable = pending.compiled_to_run()
     timed = with_run_times(costs, executable, pending.leaves, repeats, pending.donated)
     _timed.put(timed_key, timed)
   return timed
-
-
-def _compiled_to_run(f, args, kwargs, *, policy, lowering, argnums, has_aux,
-                     whole_function, donate_argnums):
-  """The step compiled in full, to run (not kept: its run times are)."""
-  request = StepRequest.make(f, args, kwargs, policy=policy, argnums=argnums,
-                             has_aux=has_aux, whole_function=whole_function,
-                             donate_argnums=donate_argnums, caller='compile_costs')
-  step = trace_step(request.problem, request.policy, lowering, request.donated, keep=False)
-  note_compile()
-  return step.traced.lower().compile()
 
 
 _timed = ResultCache(max_entries=64)
@@ -166,8 +152,9 @@ class PendingCosts:
   once for a result found in the cache); ``result()`` waits for it and
   reads the program, on the thread that asks, once."""
 
-  def __init__(self, key, leaves, donated, compile_=None, entry=None):
-    self.key, self.leaves, self.donated = key, leaves, donated
+  def __init__(self, key, request, lowering, compile_=None, entry=None):
+    self.key, self.request, self.lowering = key, request, lowering
+    self.leaves, self.donated = request.problem.leaves, request.donated
     self._compile, self._entry = compile_, entry
     self.compiled: concurrent.futures.Future = (
         _done_with(lambda: None) if compile_ is None else compile_.compiled)
@@ -184,6 +171,14 @@ class PendingCosts:
   def result(self) -> CompiledCosts:
     return self.entry()[0]
 
+  def compiled_to_run(self):
+    """The step compiled in full, to run (not kept: its run times are)."""
+    request = self.request
+    step = trace_step(request.problem, request.policy, self.lowering, request.donated,
+                      keep=False)
+    note_compile()
+    return step.traced.lower().compile()
+
 
 def _start(f, args, kwargs, *, policy, lowering, argnums, has_aux, whole_function,
            donate_argnums, compiler_options, for_running, executor) -> PendingCosts:
@@ -198,9 +193,9 @@ def _start(f, args, kwargs, *, policy, lowering, argnums, has_aux, whole_functio
   key = problem.cache_key(policy, lowering, donate, options_key)
   entry = _cache.get(key)
   if entry is not None:
-    return PendingCosts(key, problem.leaves, donated, entry=entry)
+    return PendingCosts(key, request, lowering, entry=entry)
   step = trace_step(problem, policy, lowering, donated, keep=False)
-  return PendingCosts(key, problem.leaves, donated, compile_=start_step_compile(
+  return PendingCosts(key, request, lowering, compile_=start_step_compile(
       step.traced, problem.leaves, function=problem.name, policy=step.policy,
       lowering=step.lowering, compiler_options=compiler_options,
       for_running=for_running, placement=find_placement(problem.leaves, step.program),
