@@ -3,7 +3,10 @@
 For an unrolled model and a scanned one (the example transformer both ways)
 and a Griffin-style recurrent Flax Linen LM (``--models recurrent``: its
 blocks ``nn.remat``ed and unrolled, each a gated linear recurrence under an
-unrolled inner scan; ``tests/framework_models.linen_recurrent``), it
+unrolled inner scan; ``tests/framework_models.linen_recurrent``), and
+recurrentgemma's own Griffin installed from PyPI (``--models griffin``, after
+``pip install recurrentgemma``: its blocks cycle recurrent, recurrent,
+attention; its RG-LRU scan is unrolled 128 steps at a time), it
 runs in one process ``compare`` of every built-in policy, the program as
 written and no remat, and in a process of its own the same training steps
 compiled by hand one at a time (``jax.jit(jax.value_and_grad(f))`` with
@@ -16,6 +19,8 @@ time, and their ratios (targets: RSS at most 1.5x, time at most 1x).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import subprocess
 import sys
@@ -31,10 +36,51 @@ from bench.process_memory import peak_rss_mib  # noqa: E402
 from remat_explorer import examples  # noqa: E402
 from remat_explorer.analysis import builtin_policies  # noqa: E402
 
-MODELS = ('unrolled', 'scanned', 'recurrent')
+MODELS = ('unrolled', 'scanned', 'recurrent')  # griffin too, when installed
+
+
+def _griffin(blocks: int, width: int, remat=True):
+  """Griffin as recurrentgemma ships it, batch 4 x 256 tokens. Its blocks are
+  ``nn.remat(block, static_argnums=4)`` with no policy argument, so by hand
+  a policy is given as a user would: Flax's ``nn.remat`` replaced while the
+  step is traced (``_remat_given``)."""
+  import numpy as np
+  import jax.numpy as jnp
+  import recurrentgemma.jax as rg
+  from recurrentgemma import common
+  kinds = (common.TemporalBlockType.RECURRENT, common.TemporalBlockType.RECURRENT,
+           common.TemporalBlockType.ATTENTION)
+  config = common.GriffinConfig(
+      vocab_size=1024, width=width, mlp_expanded_width=3 * width, num_heads=4,
+      block_types=tuple(kinds[i % 3] for i in range(blocks)),
+      embeddings_scale_by_sqrt_dim=True, attention_window_size=128, logits_soft_cap=30.0)
+  model = rg.Griffin(config, gradient_checkpointing=remat)
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 1024, (4, 256)), jnp.int32)
+  positions = jnp.broadcast_to(jnp.arange(256, dtype=jnp.int32), (4, 256))
+  params = model.init(jax.random.key(0), tokens, positions, return_cache=False)['params']
+
+  def loss_fn(params, tokens):
+    logits, _ = model.apply({'params': params}, tokens, positions, return_cache=False)
+    logp = jax.nn.log_softmax(logits[:, :-1])
+    return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], -1))
+  return loss_fn, (params, tokens)
+
+
+@contextlib.contextmanager
+def _remat_given(policy):
+  """Flax's ``nn.remat`` with ``policy``, for models that take none."""
+  from flax import linen as nn
+  remat = nn.remat
+  nn.remat = functools.partial(remat, policy=policy) if policy is not None else remat
+  try:
+    yield
+  finally:
+    nn.remat = remat
 
 
 def _problem(model: str, layers: int, width: int, policy=None, remat=True):
+  if model == 'griffin':
+    return _griffin(layers, width, remat)  # its policy: _remat_given
   if model == 'recurrent':
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'tests'))
     import framework_models
@@ -44,16 +90,18 @@ def _problem(model: str, layers: int, width: int, policy=None, remat=True):
                               use_scan=model == 'scanned', policy=policy, remat=remat)
 
 
-def by_hand(model: str, layers: int, width: int) -> dict:
-  """Every row of the comparison compiled by hand, one at a time."""
-  loss_fn, args = _problem(model, layers, width)
-  names = rx.analyze(loss_fn, *args).names_in_program
+def by_hand(model: str, layers: int, width: int, names: list[str]) -> dict:
+  """Every row of the comparison compiled by hand, one at a time. `names`:
+  the program's checkpoint names, found by the parent so that this process
+  runs nothing of the tool."""
   programs = {'as written': {}, 'no remat': {'remat': False},
               **{label: {'policy': p} for label, p in builtin_policies(names).items()}}
   start = time.perf_counter()
   for options in programs.values():
     loss_fn, args = _problem(model, layers, width, **options)
-    jax.jit(jax.value_and_grad(loss_fn)).lower(*args).compile().memory_analysis()
+    with _remat_given(options.get('policy') if model == 'griffin' else None):
+      lowered = jax.jit(jax.value_and_grad(loss_fn)).lower(*args)
+    lowered.compile().memory_analysis()
   return {'seconds': time.perf_counter() - start, 'rss_mib': peak_rss_mib(),
           'compiles': len(programs)}
 
@@ -66,11 +114,11 @@ def with_compare(model: str, layers: int, width: int) -> dict:
           'rows': len(table.rows)}
 
 
-def _in_a_process(mode: str, model: str, layers: int, width: int) -> dict:
+def _in_a_process(mode: str, model: str, layers: int, width: int, names=()) -> dict:
   with tempfile.NamedTemporaryFile(suffix='.json') as f:
     subprocess.run([sys.executable, __file__, '--run', mode, '--model', model,
-                    '--layers', str(layers), '--width', str(width), '--json', f.name],
-                   check=True)
+                    '--layers', str(layers), '--width', str(width), '--json', f.name,
+                    '--names', *names], check=True)
     return json.loads(Path(f.name).read_text())
 
 
@@ -82,15 +130,19 @@ def main():
   parser.add_argument('--run', choices=('hand', 'compare'), help=argparse.SUPPRESS)
   parser.add_argument('--model', help=argparse.SUPPRESS)
   parser.add_argument('--json', help=argparse.SUPPRESS)
+  parser.add_argument('--names', nargs='*', default=[], help=argparse.SUPPRESS)
   a = parser.parse_args()
   if a.run:  # one side, in a process of its own
-    run = by_hand if a.run == 'hand' else with_compare
-    Path(a.json).write_text(json.dumps(run(a.model, a.layers, a.width)))
+    result = (by_hand(a.model, a.layers, a.width, a.names) if a.run == 'hand'
+              else with_compare(a.model, a.layers, a.width))
+    Path(a.json).write_text(json.dumps(result))
     return
   print(f'{a.layers} layers (blocks) of width {a.width}; each side in a '
         'process of its own (peak RSS is the process\'s)')
   for model in a.models:
-    hand = _in_a_process('hand', model, a.layers, a.width)
+    loss_fn, args = _problem(model, a.layers, a.width)
+    names = rx.analyze(loss_fn, *args).names_in_program
+    hand = _in_a_process('hand', model, a.layers, a.width, names)
     ours = _in_a_process('compare', model, a.layers, a.width)
     print(f'{model:9s} by hand: {hand["compiles"]} compiles in {hand["seconds"]:6.1f} s, '
           f'{hand["rss_mib"]:6.0f} MiB | compare: {ours["rows"]} rows in '
