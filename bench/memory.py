@@ -11,7 +11,9 @@ runs in one process ``compare`` of every built-in policy, the program as
 written and no remat, and in a process of its own the same training steps
 compiled by hand one at a time (``jax.jit(jax.value_and_grad(f))`` with
 ``jax.checkpoint``'s own policies). It prints each process's peak RSS and
-time, and their ratios (targets: RSS at most 1.5x, time at most 1x).
+time, and their ratios (targets: RSS at most 1.5x, time at most 1x), then
+the peak RSS of the tool's process after a ``search_policy`` and the HTML
+report that follow the ``compare`` in it.
 
     .venv/bin/python bench/memory.py [--layers 12] [--width 256]
 """
@@ -33,7 +35,7 @@ import jax
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import remat_explorer as rx  # noqa: E402
 from bench.process_memory import peak_rss_mib  # noqa: E402
-from remat_explorer import examples  # noqa: E402
+from remat_explorer import examples, viz  # noqa: E402
 from remat_explorer.analysis import builtin_policies  # noqa: E402
 
 MODELS = ('unrolled', 'scanned', 'recurrent')  # griffin too, when installed
@@ -107,11 +109,23 @@ def by_hand(model: str, layers: int, width: int, names: list[str]) -> dict:
 
 
 def with_compare(model: str, layers: int, width: int) -> dict:
+  """``compare`` as the hand side's counterpart, then what a user runs next
+  in the same process: ``search_policy`` at half the way from saving
+  nothing to saving everything, and the HTML report of the comparison. The
+  peak RSS after each."""
   loss_fn, args = _problem(model, layers, width)
   start = time.perf_counter()
   table = rx.compare(loss_fn, *args)
-  return {'seconds': time.perf_counter() - start, 'rss_mib': peak_rss_mib(),
-          'rows': len(table.rows)}
+  result = {'seconds': time.perf_counter() - start, 'rss_mib': peak_rss_mib(),
+            'rows': len(table.rows)}
+  start = time.perf_counter()
+  found = rx.search_policy(loss_fn, *args, memory_budget=0.5)
+  result.update(search_seconds=time.perf_counter() - start, search_rss_mib=peak_rss_mib(),
+                search_compiles=found.compiles_used)
+  start = time.perf_counter()
+  viz.report_html(table, table.rows[0].report)
+  result.update(report_seconds=time.perf_counter() - start, report_rss_mib=peak_rss_mib())
+  return result
 
 
 def _in_a_process(mode: str, model: str, layers: int, width: int, names=()) -> dict:
@@ -147,7 +161,12 @@ def main():
     print(f'{model:9s} by hand: {hand["compiles"]} compiles in {hand["seconds"]:6.1f} s, '
           f'{hand["rss_mib"]:6.0f} MiB | compare: {ours["rows"]} rows in '
           f'{ours["seconds"]:6.1f} s, {ours["rss_mib"]:6.0f} MiB | ratios: time '
-          f'{ours["seconds"] / hand["seconds"]:.2f}x, RSS {ours["rss_mib"] / hand["rss_mib"]:.2f}x',
+          f'{ours["seconds"] / hand["seconds"]:.2f}x, RSS {ours["rss_mib"] / hand["rss_mib"]:.2f}x\n'
+          f'{"":9s} then search_policy(memory_budget=0.5): {ours["search_compiles"]} '
+          f'compiles in {ours["search_seconds"]:.1f} s, RSS {ours["search_rss_mib"]:.0f} MiB '
+          f'({ours["search_rss_mib"] / hand["rss_mib"]:.2f}x); the HTML report: '
+          f'{ours["report_seconds"]:.1f} s, RSS {ours["report_rss_mib"]:.0f} MiB '
+          f'({ours["report_rss_mib"] / hand["rss_mib"]:.2f}x)',
           flush=True)
 
 
