@@ -41,36 +41,12 @@ from remat_explorer.analysis import builtin_policies  # noqa: E402
 MODELS = ('unrolled', 'scanned', 'recurrent')  # griffin too, when installed
 
 
-def _griffin(blocks: int, width: int, remat=True):
-  """Griffin as recurrentgemma ships it, batch 4 x 256 tokens. Its blocks are
-  ``nn.remat(block, static_argnums=4)`` with no policy argument, so by hand
-  a policy is given as a user would: Flax's ``nn.remat`` replaced while the
-  step is traced (``_remat_given``)."""
-  import numpy as np
-  import jax.numpy as jnp
-  import recurrentgemma.jax as rg
-  from recurrentgemma import common
-  kinds = (common.TemporalBlockType.RECURRENT, common.TemporalBlockType.RECURRENT,
-           common.TemporalBlockType.ATTENTION)
-  config = common.GriffinConfig(
-      vocab_size=1024, width=width, mlp_expanded_width=3 * width, num_heads=4,
-      block_types=tuple(kinds[i % 3] for i in range(blocks)),
-      embeddings_scale_by_sqrt_dim=True, attention_window_size=128, logits_soft_cap=30.0)
-  model = rg.Griffin(config, gradient_checkpointing=remat)
-  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 1024, (4, 256)), jnp.int32)
-  positions = jnp.broadcast_to(jnp.arange(256, dtype=jnp.int32), (4, 256))
-  params = model.init(jax.random.key(0), tokens, positions, return_cache=False)['params']
-
-  def loss_fn(params, tokens):
-    logits, _ = model.apply({'params': params}, tokens, positions, return_cache=False)
-    logp = jax.nn.log_softmax(logits[:, :-1])
-    return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], -1))
-  return loss_fn, (params, tokens)
-
-
 @contextlib.contextmanager
 def _remat_given(policy):
-  """Flax's ``nn.remat`` with ``policy``, for models that take none."""
+  """Flax's ``nn.remat`` with ``policy``, for models that take none, as
+  recurrentgemma's Griffin: its blocks are ``nn.remat(block,
+  static_argnums=4)``, so by hand a policy is given as a user would, by
+  replacing Flax's ``nn.remat`` while the step is traced."""
   from flax import linen as nn
   remat = nn.remat
   nn.remat = functools.partial(remat, policy=policy) if policy is not None else remat
@@ -81,11 +57,11 @@ def _remat_given(policy):
 
 
 def _problem(model: str, layers: int, width: int, policy=None, remat=True):
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'tests'))
+  import framework_models
   if model == 'griffin':
-    return _griffin(layers, width, remat)  # its policy: _remat_given
+    return framework_models.griffin(layers, width, remat)  # its policy: _remat_given
   if model == 'recurrent':
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'tests'))
-    import framework_models
     return framework_models.linen_recurrent(batch=8, seq=256, width=width, depth=layers,
                                             remat=remat, policy=policy)
   return examples.transformer(num_layers=layers, d_model=width, seq_len=256, batch=16,

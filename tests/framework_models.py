@@ -133,6 +133,33 @@ def linen_recurrent(batch=4, seq=64, width=64, depth=3, remat=True, policy=None)
   return _linen_lm(model, batch, seq, seed=5)
 
 
+# recurrentgemma's own Griffin, installed from PyPI (the benches only).
+
+def griffin(blocks=3, width=64, remat=True):
+  """Griffin as recurrentgemma ships it (``pip install recurrentgemma``; the
+  benches' outside model installed as a package, not a test dependency):
+  `blocks` cycling recurrent, recurrent, attention, batch 4 x 256 tokens.
+  Its blocks are ``nn.remat``ed with no policy argument."""
+  import recurrentgemma.jax as rg
+  from recurrentgemma import common
+  kinds = (common.TemporalBlockType.RECURRENT, common.TemporalBlockType.RECURRENT,
+           common.TemporalBlockType.ATTENTION)
+  config = common.GriffinConfig(
+      vocab_size=1024, width=width, mlp_expanded_width=3 * width, num_heads=4,
+      block_types=tuple(kinds[i % 3] for i in range(blocks)),
+      embeddings_scale_by_sqrt_dim=True, attention_window_size=128, logits_soft_cap=30.0)
+  model = rg.Griffin(config, gradient_checkpointing=remat)
+  tokens = jax.random.randint(jax.random.key(0), (4, 256), 0, 1024)
+  positions = jnp.broadcast_to(jnp.arange(256, dtype=jnp.int32), (4, 256))
+  params = model.init(jax.random.key(1), tokens, positions, return_cache=False)['params']
+
+  def loss_fn(params, tokens):
+    logits, _ = model.apply({'params': params}, tokens, positions, return_cache=False)
+    logp = jax.nn.log_softmax(logits[:, :-1])
+    return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], -1))
+  return loss_fn, (params, tokens)
+
+
 # -- Flax NNX -----------------------------------------------------------------------
 
 class Attention(nnx.Module):

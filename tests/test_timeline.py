@@ -85,7 +85,12 @@ def test_live_bytes_are_consistent(compiled_grads, name):
   timeline = memory_timeline(read_compiled(compiled_grads[name]))
   assert len(timeline.live_bytes) == len(timeline.steps) == len(timeline.placed_bytes)
   assert all(b >= 0 for b in timeline.live_bytes)
-  assert timeline.placed_bytes[timeline.peak_step] == timeline.peak_bytes
+  # The peak's step: the busiest of those within 0.1% of the placed peak.
+  near_top = [i for i, h in enumerate(timeline.placed_bytes)
+              if h >= (1 - 1e-3) * timeline.peak_bytes]
+  assert timeline.peak_bytes == max(timeline.placed_bytes)
+  assert timeline.peak_step in near_top
+  assert timeline.live_bytes[timeline.peak_step] == max(timeline.live_bytes[i] for i in near_top)
   assert all(live <= placed for live, placed in
              zip(timeline.live_bytes, timeline.placed_bytes))
   for step in (0, timeline.peak_step, len(timeline.steps) - 1):

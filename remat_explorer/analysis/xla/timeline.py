@@ -18,7 +18,7 @@ lists it in run order):
 
 ``peak_bytes`` is the placed peak where XLA's buffer assignment is known
 (the live peak otherwise, e.g. for HLO text alone), and ``peak_step`` the
-busiest step at that height.
+busiest step at that height, or within 0.1% of it.
 
 Residuals: JAX's name stack reaches HLO as ``metadata={op_name=...}``; under
 ``jax.jit(jax.grad(f))`` forward ops read ``jit(f)/jvp()/...`` and backward
@@ -158,6 +158,11 @@ class MemoryTimeline:
             'peak_memory': self.peak_memory}
 
 
+PEAK_TOLERANCE = 1e-3
+"""How far below the placed peak a step may be and still be the peak's step:
+where it holds more than the steps at the very top."""
+
+
 def memory_timeline(program: CompiledProgram) -> MemoryTimeline:
   """The timeline of a compiled program (``reader.read_compiled``)."""
   return timeline_of(program.module, program.buffers, program.stacks, program.heap)
@@ -185,9 +190,14 @@ def timeline_of(module: HloModule, placement: BufferAssignment | None = None,
   buffers = tuple(buffers)
   height = placed if placed is not None else live
   top = max(height, default=0)
-  # The busiest step at the peak's height: where the most is in use.
-  peak_step = max((i for i, h in enumerate(height) if h == top),
-                  key=lambda i: live[i], default=0)
+  # The busiest step at the peak's height: where the most is in use. A
+  # placement reaches its top again wherever a buffer placed high is live,
+  # though the heap below it may be nearly empty by then (a backward loop's
+  # scratch placed where forward buffers were), so every step within
+  # PEAK_TOLERANCE of the top is a candidate.
+  near_top = top - PEAK_TOLERANCE * top
+  peak_step = max((i for i, h in enumerate(height) if h >= near_top),
+                  key=lambda i: (live[i], height[i]), default=0)
   return MemoryTimeline(tuple(i.name for i in instrs), tuple(live), buffers,
                         top, peak_step, None if placed is None else tuple(placed),
                         tuple(pass_of(i.op_name) for i in instrs),
