@@ -33,6 +33,8 @@ from pathlib import Path
 import jax
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'tests'))
+import framework_models  # noqa: E402
 import remat_explorer as rx  # noqa: E402
 from bench.process_memory import peak_rss_mib  # noqa: E402
 from remat_explorer import examples, viz  # noqa: E402
@@ -57,8 +59,6 @@ def _remat_given(policy):
 
 
 def _problem(model: str, layers: int, width: int, policy=None, remat=True):
-  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'tests'))
-  import framework_models
   if model == 'griffin':
     return framework_models.griffin(layers, width, remat)  # its policy: _remat_given
   if model == 'recurrent':
