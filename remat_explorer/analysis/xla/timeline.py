@@ -195,8 +195,7 @@ def timeline_of(module: HloModule, placement: BufferAssignment | None = None,
   # though the heap below it may be nearly empty by then (a backward loop's
   # scratch placed where forward buffers were), so every step within
   # PEAK_TOLERANCE of the top is a candidate.
-  near_top = top - PEAK_TOLERANCE * top
-  peak_step = max((i for i, h in enumerate(height) if h >= near_top),
+  peak_step = max((i for i, h in enumerate(height) if h >= (1 - PEAK_TOLERANCE) * top),
                   key=lambda i: (live[i], height[i]), default=0)
   return MemoryTimeline(tuple(i.name for i in instrs), tuple(live), buffers,
                         top, peak_step, None if placed is None else tuple(placed),

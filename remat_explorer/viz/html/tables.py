@@ -80,7 +80,9 @@ def source_cell(source: str | None) -> str:
   shown shortened (relative to the user's project, or by its module's
   name), the line with the file's whole path as its tooltip."""
   whole = full_path(source) if source else None
-  return source or '' if whole is None else Titled(source, whole)
+  if whole is None:
+    return source or ''
+  return Titled(source, whole)
 
 
 def cells_html(cells, classes=()) -> str:
