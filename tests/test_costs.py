@@ -615,6 +615,34 @@ def test_compare_and_search_compile_one_program_at_a_time(monkeypatch):
   assert seen['calls'] >= 5 and seen['most'] == 1, seen
 
 
+def test_two_threads_asking_for_one_program_at_once_share_one_compile():
+  """The Explorer's views and its search ask for the program as written
+  together, each on a thread of its own: XLA compiles it once, and both
+  get its figures, with no note that they shared it (it is one step)."""
+  import threading
+  from remat_explorer.analysis.context import compiles_run
+  ours, args = _mlp(num_layers=4, width=96, batch=32, seed=43)
+  rx.clear_caches()
+  start, results, compiles = threading.Barrier(2), {}, {}
+
+  def ask(name):
+    start.wait()
+    before = compiles_run()
+    results[name] = compile_costs(ours, *args)
+    compiles[name] = compiles_run() - before
+  threads = [threading.Thread(target=ask, args=(name,)) for name in ('views', 'search')]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(300)
+  assert sum(compiles.values()) == 1, compiles
+  views, search = results['views'], results['search']
+  by_hand = jax.jit(jax.value_and_grad(ours)).lower(*args).compile()
+  assert views.temp_bytes == search.temp_bytes == by_hand.memory_analysis().temp_size_in_bytes
+  assert views.executed_flops == search.executed_flops
+  assert not any('same program' in n for n in views.notes + search.notes)
+
+
 def test_policies_that_compile_to_one_program_share_one_compile():
   """The program as written (a default ``checkpoint``), ``nothing_saveable``
   and a name the program does not have lower to one program: XLA compiles

@@ -45,6 +45,18 @@ class ResultCache:
       while len(self._entries) > self.max_entries:
         self._entries.popitem(last=False)
 
+  def setdefault(self, key, value):
+    """The entry of `key` if there is one, else `value`, entered: one step,
+    so that of two threads entering one key, one wins and the other sees it."""
+    if key is None:
+      return value
+    with self._lock:
+      first = self._entries.setdefault(key, value)
+      self._entries.move_to_end(key)
+      while len(self._entries) > self.max_entries:
+        self._entries.popitem(last=False)
+      return first
+
   def pop(self, key):
     """The entry of `key`, taken out; None if there is none."""
     if key is None:

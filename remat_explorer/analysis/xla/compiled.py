@@ -241,27 +241,50 @@ def start_step_compile(step, leaves, *, function, policy, lowering, donate_argnu
   dump = None if device.platform == 'cpu' else XlaDump()
   if dump is not None:
     options = {**(options or {}), **dump.compiler_options()}
-  note_compile()  # counted for the thread that asked for it
 
   def timed_compile():
     start = time.perf_counter()
     compiled = lowered.compile(options)
     return compiled, time.perf_counter() - start
-  if executor is None:
-    compiled = _done_with(timed_compile)
-  else:
-    compiled = executor.submit(timed_compile)
-  started = _StepCompile(
-      lowered=lowered, compiled=compiled, analysis=analysis, dump=dump,
-      lower_seconds=lower_seconds, placement=placement, device=device, notes=tuple(notes),
-      common=common, lowered_matmuls=count_matmuls_lowered(text))
-  _programs.put(program_key, started)
+
+  def started_with(compiled):
+    return _StepCompile(
+        lowered=lowered, compiled=compiled, analysis=analysis, dump=dump,
+        lower_seconds=lower_seconds, placement=placement, device=device, notes=tuple(notes),
+        common=common, lowered_matmuls=count_matmuls_lowered(text))
+  if executor is not None:
+    note_compile()  # counted for the thread that asked for it
+    started = started_with(executor.submit(timed_compile))
+    _programs.put(program_key, started)
+    return started
+  # Compiled on this thread: the program is claimed before XLA starts, so
+  # that another thread asking for it meanwhile (the Explorer's views and
+  # its search, opening together) waits for this compile instead of
+  # running a second one.
+  started = started_with(concurrent.futures.Future())
+  first = _programs.setdefault(program_key, started)
+  if first is not started:
+    if dump is not None:
+      dump.remove()
+    return _SameProgram(first, common, tuple(notes), lower_seconds)
+  note_compile()
+  started.compiled.set_running_or_notify_cancel()
+  try:
+    _fill(started.compiled, timed_compile)
+  except BaseException as e:  # an interrupt: not this program's result
+    _programs.pop(program_key)
+    started.compiled.set_exception(e)
+    raise
   return started
 
 
 def _done_with(fn) -> concurrent.futures.Future:
   """A future holding what `fn()` returned or raised."""
-  future = concurrent.futures.Future()
+  return _fill(concurrent.futures.Future(), fn)
+
+
+def _fill(future: concurrent.futures.Future, fn) -> concurrent.futures.Future:
+  """`future`, given what `fn()` returned or raised."""
   try:
     future.set_result(fn())
   except Exception as e:
@@ -416,11 +439,14 @@ class _SameProgram:
   def finish(self):
     costs, runnable = self.first.finish()
     own_notes = costs.notes[len(self.first.notes):]
-    shared = (f'compiles to the same program as {costs.policy} (lowering '
-              f'{costs.lowering}): XLA compiled it once, for both')
+    same_step = (costs.policy, costs.lowering) == (self.common['policy'],
+                                                   self.common['lowering'])
+    shared = () if same_step else (
+        f'compiles to the same program as {costs.policy} (lowering '
+        f'{costs.lowering}): XLA compiled it once, for both',)
     return dataclasses.replace(
         costs, **self.common, lower_seconds=self.lower_seconds,
-        notes=(*self.notes, shared, *own_notes)), runnable
+        notes=(*self.notes, *shared, *own_notes)), runnable
 
 
 def _memory_analysis_fields(memory) -> tuple[dict[str, int], bytes | None]:
