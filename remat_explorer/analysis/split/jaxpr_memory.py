@@ -81,6 +81,11 @@ def value_bytes(atom) -> int:
   return aval_bytes(atom.aval)
 
 
+def _true_rank(aval) -> int:
+  """How many of a value's dimensions are longer than one."""
+  return sum(d != 1 for d in getattr(aval, 'shape', ()))
+
+
 def _as_jaxpr(jaxpr: Jaxpr | ClosedJaxpr) -> Jaxpr:
   return jaxpr.jaxpr if isinstance(jaxpr, ClosedJaxpr) else jaxpr
 
@@ -268,6 +273,7 @@ class _Scope:
     outputs = [env[v] for v in jaxpr.outvars if isinstance(v, Var)]
     self.live = self._live_ops(outputs)
     fused_reader: dict = {}  # root -> read only by fusing equations
+    last_fused_read: dict = {}  # root -> the last fusing equation that reads it
     readers: dict = {}
     self.last_use: dict = {}
     self.made_by: dict = {}  # root -> the operation that writes it
@@ -280,6 +286,8 @@ class _Scope:
       for r in op.roots:
         self.last_use[r] = i
         fused_reader[r] = fused_reader.get(r, True) and kind != 'materialising'
+        if kind != 'materialising':
+          last_fused_read[r] = i
         readers[r] = readers.get(r, 0) + 1
       if op.is_view() and op.reads[0] is not None:
         for out, source in zip(op.writes, op.reads):
@@ -301,7 +309,9 @@ class _Scope:
         for k, op in self.made_by.items()}
     if not backend.reductions_fuse_minor_broadcasts:
       self._split_minor_broadcasts()
-    # What a fused value reads must live until its last reader runs.
+    # What a fused value reads must live until its last reader runs; so
+    # must what a cheap value XLA repeats in its fusing readers reads, though
+    # it is also made apart for the others (``backend.py``).
     for i in reversed(range(len(self.ops))):
       op = self.ops[i]
       if not self.live[i]:
@@ -309,6 +319,8 @@ class _Scope:
       ends = [self.last_use[k] for k in op.writes
               if k not in self.root and k in self.last_use
               and not self.materialised.get(k, True)]
+      if backend.repeats_cheap_values and self._repeated_in_fusions(op):
+        ends += [last_fused_read[k] for k in op.writes if k in last_fused_read]
       for r in op.roots if ends else ():
         self.last_use[r] = max(self.last_use[r], *ends)
     inputs = {self.of(k) for k in inputs}
@@ -318,6 +330,28 @@ class _Scope:
     self.bytes = {k: n for k, n in size.items()
                   if self.materialised[k] and k not in inputs and k not in uncounted
                   and (count_outputs or k not in self.outputs)}
+
+  def _repeated_in_fusions(self, op: _Op) -> bool:
+    """Whether XLA computes `op`'s value again inside each fusion that
+    reads it, though a reader that does not fuse (a dot, a loop) has it made
+    apart (``backend.py``): a cheap elementwise equation with one operand of
+    its result's size (one broadcast to it counted by what it broadcasts),
+    made by an equation XLA does not fuse. Repeating it reads no more
+    than reading its result would."""
+    if op.added or op.kind != 'fusible' or op.name in _EXPENSIVE or op.is_view():
+      return False
+    full = _true_rank(op.eqn.outvars[0].aval)
+    large = []
+    for k, var in zip(op.reads, op.eqn.invars):
+      if k is None:
+        continue
+      maker = self.made_by.get(self.of(k))
+      if maker is not None and not maker.added and maker.name == 'broadcast_in_dim':
+        var = maker.eqn.invars[0]
+      if _true_rank(var.aval) >= full:
+        large.append(maker)
+    return (len(large) == 1 and large[0] is not None
+            and large[0].kind == 'materialising')
 
   def _split_minor_broadcasts(self) -> None:
     """Materialise each value a reduction would fuse that reads a broadcast
