@@ -14,13 +14,9 @@ terms:
   working directory when under it.
 * ``clean_scope``: a name stack without JAX's transformation wrappers
   (``transpose(jvp(Model))/blocks`` -> ``Model/blocks``).
-* ``ModulePaths``: for frameworks that record no module names (Flax NNX,
-  Equinox, plain JAX with parameter pytrees), the module path read from the
-  parameters an equation uses: a matmul reading
-  ``params['blocks']['attention']['query']['kernel']`` runs in module
-  ``blocks/attention/query``, and the other equations of the same call of a
-  method (``Attention.__call__``) in the longest path all of its parameters
-  share (``blocks/attention``).
+
+``module_paths.ModulePaths`` reads module paths from the parameters an
+equation uses, for frameworks that record no module names.
 
 ``producers.trace_producer`` finds the equation that made a value, through
 the bodies that carry it out.
@@ -35,9 +31,9 @@ import os
 import re
 import sys
 import sysconfig
-from typing import Iterable, Sequence
+from typing import Sequence
 
-from jax.extend.core import Jaxpr, Var
+from jax.extend.core import Jaxpr
 
 from remat_explorer.analysis.cache import cleared_with_results
 from remat_explorer.analysis.source.cells import cell_label, cell_number, line_text
@@ -114,6 +110,21 @@ def is_library_file(path: str) -> bool:
   if any(real.startswith(root) for root in _installed_package_roots()):
     return False
   return any(real.startswith(root) for root in _standard_library_roots())
+
+
+@functools.lru_cache(maxsize=4096)
+def is_jax_file(path: str) -> bool:
+  """Whether `path` is a file of JAX or jaxlib."""
+  real = os.path.realpath(path)
+  return any(real.startswith(root) for root in _package_roots(('jax', 'jaxlib')))
+
+
+def is_method(function: str) -> bool:
+  """``Attention.__call__`` is, and so is a class's defined in a function
+  (``build.<locals>.Attention.__call__``); ``scan.<locals>.body``,
+  ``f.<locals>.<lambda>`` and ``f`` are not."""
+  own = function.rsplit('<locals>.', 1)[-1]
+  return '.' in own and '<' not in own
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -373,206 +384,6 @@ def _balanced(text: str) -> bool:
     if depth < 0:
       return False
   return depth == 0
-
-
-# -- module paths from parameters ----------------------------------------------------
-
-# Equations that only move or reshape a parameter: what they give is still
-# the parameter (a slice of a stacked one under scan, a cast, ...).
-_VIEWS = frozenset('''reshape squeeze expand_dims broadcast_in_dim convert_element_type
-  transpose copy copy_p slice dynamic_slice device_put sharding_constraint
-  reduce_precision'''.split())
-_LEAF_WRAPPERS = ('value', 'raw_value')
-# Flax Linen's variable collections: ``variables['params']['blocks']`` is
-# the module ``blocks``, the path Flax's own name stack and the
-# ``params`` argument alone give it.
-_COLLECTIONS = ('params', 'batch_stats', 'cache', 'intermediates')
-
-
-def path_components(arg_name: str) -> tuple[str, ...]:
-  """``params['blocks'][0].kernel.value`` -> ``('params', 'blocks', '0',
-  'kernel', 'value')``: the keys of a pytree path as JAX prints it."""
-  return tuple(m.group(1) or m.group(2) or m.group(3) for m in
-               re.finditer(r"\['([^']*)'\]|\[(\d+)\]|\.?([A-Za-z_]\w*)", arg_name))
-
-
-def module_of_parameter(arg_name: str) -> str:
-  """The module path of a parameter: its path without the argument's own
-  name, the array's key (``kernel``, ``weight``) and value wrappers."""
-  parts = list(path_components(arg_name))[1:]
-  while parts and parts[-1] in _LEAF_WRAPPERS:
-    parts.pop()
-  if len(parts) > 1 and parts[0] in _COLLECTIONS:
-    parts = parts[1:]
-  return '/'.join(parts[:-1])
-
-
-def _common_path(paths: Iterable[str]) -> str:
-  split = [p.split('/') for p in paths]
-  if not split:
-    return ''
-  common = os.path.commonprefix(split)
-  return '/'.join(common)
-
-
-def is_method(function: str) -> bool:
-  """``Attention.__call__`` is, and so is a class's defined in a function
-  (``build.<locals>.Attention.__call__``); ``scan.<locals>.body``,
-  ``f.<locals>.<lambda>`` and ``f`` are not."""
-  own = function.rsplit('<locals>.', 1)[-1]
-  return '.' in own and '<' not in own
-
-
-@functools.lru_cache(maxsize=4096)
-def is_jax_file(path: str) -> bool:
-  real = os.path.realpath(path)
-  return any(real.startswith(root) for root in _package_roots(('jax', 'jaxlib')))
-
-
-def _calls(frames: Sequence[Frame]) -> list[tuple]:
-  """The method calls an equation runs inside, outermost first: each one
-  identified by the call sites leading to it and the method itself, so
-  that two calls of one method from different lines differ. JAX's own
-  methods (``ufunc.__call__``, ...) are not a model's modules."""
-  return [key for _, key in _indexed_calls(frames)]
-
-
-def _indexed_calls(frames: Sequence[Frame]) -> list[tuple[int, tuple]]:
-  """``_calls``, each with the index of its method's frame in `frames`."""
-  found, sites = [], []
-  for i, (file, line, function) in enumerate(frames):
-    if is_jax_file(file):
-      continue
-    if is_method(function):
-      found.append((i, (*sites, (file, function))))
-    sites.append((file, line))
-  return found
-
-
-class ModulePaths:
-  """Module paths of a program's equations, from the parameters they use.
-
-  Built once from the program (before differentiation), it answers for any
-  equation with the same traceback, such as the forward and backward
-  copies differentiation makes of it.
-  """
-
-  def __init__(self, jaxpr, arg_names: Sequence[str]):
-    self._by_call: dict[tuple, set[str]] = {}
-    self._direct: dict[object, set[str]] = {}
-    self._roots: set[str] = set()
-    paths = {v: module_of_parameter(n) for v, n in zip(jaxpr.invars, arg_names)
-             if n and module_of_parameter(n)}
-    self._walk(jaxpr, paths)
-    self._path_of_call = {k: _common_path(v) for k, v in self._by_call.items()}
-    self._path_of_line = {k: _common_path(v) for k, v in self._direct.items()}
-    self._top_modules = {p.split('/')[0] for p in (*paths.values(), *self._path_of_call.values())
-                         if p}
-    by_site: dict[tuple, set[str]] = {}
-    for call, found in self._by_call.items():
-      by_site.setdefault(call[-2:], set()).update(found)
-    self._path_of_site = {k: _common_path(v) for k, v in by_site.items()}
-
-  def _walk(self, jaxpr, paths: dict) -> set[str]:
-    """Record the module paths each equation reads; return all of them.
-
-    JAX records, for an equation inside a body (``jit``, ``scan``, ...),
-    only the frames from the body's function down; so what a body reads
-    is also recorded for the method calls of the equation holding it."""
-    read_here: set[str] = set()
-    for eqn in jaxpr.eqns:
-      read = {paths[v] for v in eqn.invars if isinstance(v, Var) and v in paths}
-      if eqn.primitive.name in _VIEWS and len(read) == 1:
-        paths.update((o, next(iter(read))) for o in eqn.outvars)
-        continue
-      subs = _sub_programs(eqn)
-      inside = set()
-      for body, body_inputs in subs:
-        inner = {b: paths[o] for b, o in zip(body.invars, body_inputs)
-                 if isinstance(o, Var) and o in paths}
-        inside |= self._walk(body, inner)
-      tb = eqn.source_info.traceback
-      if read and not subs and tb is not None:
-        self._direct.setdefault(tb, set()).add(_common_path(read))
-        self._note_root(clean_scope(eqn.source_info.name_stack), _common_path(read))
-      found = inside if subs else ({_common_path(read)} if read else set())
-      if found and tb is not None:
-        for call in _calls(frames_of(tb)):
-          self._by_call.setdefault(call, set()).update(found)
-      read_here |= found
-    return read_here
-
-  def of(self, eqn) -> str:
-    """The module path of `eqn` (or of any equation with its traceback);
-    '' when its parameters say nothing."""
-    tb = eqn.source_info.traceback
-    if tb is None:
-      return ''
-    if tb in self._path_of_line:
-      return self._path_of_line[tb]
-    for call in reversed(_calls(frames_of(tb))):
-      if self._path_of_call.get(call):
-        return self._path_of_call[call]
-    return ''
-
-  def _note_root(self, scope: str, path: str) -> None:
-    """Where a name stack ends in the module path of the parameters its
-    equation reads, what comes before is the model's root (Linen's root
-    class: ``LinenModel/blocks/qkv`` for ``blocks/qkv``)."""
-    if path and scope.endswith('/' + path):
-      self._roots.add(scope[:-len(path) - 1])
-
-  def of_scope(self, scope: str) -> str:
-    """A name stack in the parameters' terms: from its first part that is
-    a top-level module of the parameters (``LinenModel/blocks/mlp`` ->
-    ``blocks/mlp``, as ``of`` names the module); as it is where none is."""
-    parts = [p for p in scope.split('/') if p]
-    for i, part in enumerate(parts):
-      if part in self._top_modules:
-        return '/'.join(parts[i:])
-    for root in self._roots:
-      if scope == root or scope.startswith(root + '/'):
-        return scope[len(root) + 1:]
-    return scope
-
-  def of_stack(self, frames: Sequence[Frame], scope: str = '') -> str:
-    """The module path of a compiled instruction, from the stack and name
-    stack XLA records for it, the same string ``of`` gives the equation it
-    was lowered from: its innermost method call that reads parameters,
-    else `scope` in the parameters' terms.
-
-    XLA's stack starts elsewhere than the traced one (at the compile, or
-    at a loop body's function), so a method call is matched by its own
-    call site where the whole chain differs."""
-    calls = self.method_paths(frames)
-    found = calls[max(calls)] if calls else None
-    if found is None:
-      found = next((self._path_of_site[key[-2:]] for key in reversed(_calls(frames))
-                    if key[-2:] in self._path_of_site), None)
-    return found or self.of_scope(scope)
-
-  def method_paths(self, frames: Sequence[Frame]) -> dict[int, str]:
-    """For the frames of a call stack (outermost first), the module path of
-    each method call among them that reads parameters, by frame index
-    ('' for the model's root): which of the user's calls are modules, and
-    which modules they are."""
-    return {i: self._path_of_call[call] for i, call in _indexed_calls(frames)
-            if call in self._path_of_call}
-
-
-def _sub_programs(eqn) -> list[tuple]:
-  """(jaxpr, the outer atoms its inputs are) for the bodies of an equation
-  whose inputs map onto its body's one to one."""
-  params, name = eqn.params, eqn.primitive.name
-  if name == 'scan':  # consts, carry and xs, in order (xs sliced per step)
-    return [(params['jaxpr'].jaxpr, eqn.invars)]
-  if name == 'cond':
-    return [(b.jaxpr, eqn.invars[1:]) for b in params['branches']]
-  if name == 'while':
-    nc, nb = params['cond_nconsts'], params['body_nconsts']
-    return [(params['body_jaxpr'].jaxpr, eqn.invars[nc:nc + nb] + eqn.invars[nc + nb:])]
-  body = call_body(eqn)
-  return [] if body is None else [(body, eqn.invars)]
 
 
 # Call-like primitives: the parameter that holds the body whose inputs and

@@ -9,8 +9,9 @@ import dataclasses
 
 from jax.extend.core import Literal, Var
 
-from remat_explorer.analysis.source.origins import (CodeSite, ModulePaths, call_body, clean_scope,
-                                             join_scopes, user_site_within)
+from remat_explorer.analysis.source.module_paths import ModulePaths
+from remat_explorer.analysis.source.origins import (CodeSite, call_body, clean_scope, join_scopes,
+                                                    user_site_within)
 from remat_explorer.engine import scan_consts_and_carries
 
 

@@ -32,9 +32,9 @@ from remat_explorer.analysis.program import devices
 from remat_explorer.analysis.split import sharding
 from remat_explorer.analysis.cache import ResultCache
 from remat_explorer.analysis.program.keywords import check_keywords, entry_point
-from remat_explorer.analysis.source.origins import (ModulePaths, call_body, module_of_parameter,
-                                             user_frames, user_frames_within, user_site,
-                                             user_site_within)
+from remat_explorer.analysis.source.module_paths import ModulePaths, module_of_parameter
+from remat_explorer.analysis.source.origins import (call_body, user_frames, user_frames_within,
+                                                    user_site, user_site_within)
 from remat_explorer.analysis.source.producers import step_trips, trace_producer
 from remat_explorer.analysis.program.problem import Problem
 from remat_explorer.analysis.program.blocks import (BlockSite, PolicyChoice, built_policy_choice,

@@ -256,7 +256,7 @@ class RematReport:
   applied, counted as XLA's cost analysis counts them: apart from FLOPs,
   in which they count 0."""
   module_paths: Any = dataclasses.field(default=None, repr=False, compare=False)
-  """The program's ``origins.ModulePaths``, for ``graph``."""
+  """The program's ``module_paths.ModulePaths``, for ``graph``."""
   argument_names: tuple[str, ...] = ()
   """The pytree path of each array argument (``params['blocks']['w1']``),
   in the order the compiled step takes them."""
