@@ -155,7 +155,7 @@ def report_main(argv=None) -> int:
   args = parser.parse_args(argv)
 
   from remat_explorer.analysis import analyze, builtin_policies, compare
-  from remat_explorer.analysis.tradeoffs.compare import AS_WRITTEN, AS_WRITTEN_NO_REMAT
+  from remat_explorer.analysis.tradeoffs.rows import AS_WRITTEN, AS_WRITTEN_NO_REMAT
   from remat_explorer.analysis.policies.policy_info import describe_policy
   from remat_explorer.analysis.policies.policy_text import parse_policy
   from remat_explorer.viz.html.html_report import report_html

@@ -6,7 +6,7 @@ import pytest
 
 from remat_explorer import examples
 from remat_explorer.analysis import compare, search_policy
-from remat_explorer.analysis.tradeoffs.compare import AS_WRITTEN, NO_REMAT_LABEL
+from remat_explorer.analysis.tradeoffs.rows import AS_WRITTEN, NO_REMAT_LABEL
 from tests import framework_models
 
 

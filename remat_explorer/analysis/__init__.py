@@ -48,8 +48,8 @@ from remat_explorer.analysis.program.blocks import DEFAULT_LOWERING, LOWERINGS
 from remat_explorer.analysis.cache import clear_caches
 from remat_explorer.analysis.xla.collectives import Collective
 from remat_explorer.analysis.errors import error_summary
-from remat_explorer.analysis.tradeoffs.compare import (Comparison, PolicyRow,
-                                             builtin_policies, compare)
+from remat_explorer.analysis.tradeoffs.compare import builtin_policies, compare
+from remat_explorer.analysis.tradeoffs.rows import Comparison, PolicyRow
 from remat_explorer.analysis.xla.compiled import compile_costs
 from remat_explorer.analysis.xla.costs import CompiledCosts
 from remat_explorer.analysis.split.estimate import CostEstimate, estimate_costs
@@ -74,7 +74,7 @@ from remat_explorer.analysis.program.devices import mesh_text
 from remat_explorer.analysis.source.origins import full_path
 from remat_explorer.analysis.program.keywords import check_keywords
 from remat_explorer.analysis.split.graph import GraphBlock, GraphNode, SplitGraph, split_graph_of
-from remat_explorer.analysis.tradeoffs.compare import AS_WRITTEN, AS_WRITTEN_NO_REMAT
+from remat_explorer.analysis.tradeoffs.rows import AS_WRITTEN, AS_WRITTEN_NO_REMAT
 from remat_explorer.analysis.tradeoffs.merged_recompute import recompute_eliminated
 from remat_explorer.analysis.units import (MISSING, byte_unit, flop_unit, format_bytes,
                                            format_flops, format_seconds, memory_share_text)

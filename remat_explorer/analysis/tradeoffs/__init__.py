@@ -2,8 +2,9 @@
 
 The top layer of the analysis, built on ``split`` and ``xla``.
 
-* ``compare``: every policy side by side, the Pareto front and the
-  recommendation; ``row_warnings``: what is wrong with a row's figures;
+* ``compare``: every policy side by side, compiled and analyzed together;
+  ``rows``: what a row and the table hold, and the Pareto front;
+  ``row_warnings``: what is wrong with a row's figures;
   ``merged_recompute``: whether XLA dropped the recompute a policy asks for.
 * ``search``: the policy that fits a memory budget with the fewest FLOPs.
 * ``save_units``: what a search can save, priced, and its greedy choice.

@@ -31,9 +31,8 @@ from remat_explorer.analysis.split.analyze import analyze
 from remat_explorer.analysis.policies.chosen_policy import SaveChosen
 from remat_explorer.analysis.policies.policy_source import policy_source
 from remat_explorer.analysis.tradeoffs.save_units import greedy_units, policy_of, user_sites
-from remat_explorer.analysis.tradeoffs.compare import (AS_WRITTEN, AS_WRITTEN_NO_REMAT,
-                                             NO_REMAT_LABEL, builtin_policies,
-                                             COMPILES_AT_ONCE)
+from remat_explorer.analysis.tradeoffs.compare import COMPILES_AT_ONCE, builtin_policies
+from remat_explorer.analysis.tradeoffs.rows import AS_WRITTEN, AS_WRITTEN_NO_REMAT, NO_REMAT_LABEL
 from remat_explorer.analysis.xla.compiled import (PendingCosts, compile_costs,
                                                   start_compile_costs)
 from remat_explorer.analysis.xla.costs import CompiledCosts
