@@ -10,8 +10,9 @@ layers below (the ``[lab]`` extra).
 * ``_panels``: its HTML pieces, pure functions; ``_policy_controls``: which
   policy each block runs under (per block, as an expression, picked
   names); ``_search``: the memory budget and the search, the budget a
-  ``budget_slider`` (a labelled range input, anywidget); ``_work``: compiles
-  on workers, results applied on the main thread.
+  ``budget_slider`` (a labelled range input, anywidget); ``_comparison``:
+  the Compare tab and its pick of a row; ``_work``: compiles on workers,
+  results applied on the main thread.
 * ``viewer_widget``, ``html_widget`` and ``code_widget``: anywidget views of
   the diagram, of the timeline and of a policy as code (copied on a click);
   ``lab``: the optional dependencies, checked.

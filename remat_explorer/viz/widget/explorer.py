@@ -16,11 +16,11 @@ from collections.abc import Mapping
 import jax
 
 from remat_explorer.analysis import (DEFAULT_LOWERING, LOWERINGS, NO_REMAT, analyze,
-                                     compare, compile_costs, estimate_costs, TraceSettings,
+                                     compile_costs, estimate_costs, TraceSettings,
                                      check_keywords)
 from remat_explorer.viz.widget import _panels
-from remat_explorer.viz.widget._panels import (OUTDATED, STALE, caption_html, error_text,
-                                        warnings_html)
+from remat_explorer.viz.widget._comparison import ComparisonTab
+from remat_explorer.viz.widget._panels import STALE, caption_html, error_text, warnings_html
 from remat_explorer.viz.widget._policy_controls import ALL_BLOCKS, PolicyControls
 from remat_explorer.viz.widget._search import BudgetSearch
 from remat_explorer.viz.widget._work import Work
@@ -36,7 +36,6 @@ from remat_explorer.viz.html.tables import (RESIDUAL_SORT_KEYS, report_jaxprs_ht
                                        residual_table_html)
 
 TABS = ('Split diagram', 'Residuals', 'Costs', 'Compare', 'Program')
-_AUTO = {'width': 'auto'}  # buttons as wide as their text: never cut
 
 
 def explore(f, *args, argnums=0, **kwargs):
@@ -141,14 +140,11 @@ class Explorer:
     self.controls = PolicyControls(first, self.refresh)
     self.policy, self.names_select = self.controls.policy, self.controls.names_select
     self.block = self.controls.block
-    self.comparison = None
     self.search_result = None
-    self._compared_lowering = None
     self._generation = 0
     self._compiled_generation = -1
     self._expanded: set[str] = set()
     self._drawn_block = self.block.value  # node ids are per drawing
-    self._picking = False
     # What the snapshot of the view shown is drawn from: the analysis (or
     # its error), then the compiled costs (or the compile's error).
     self._snapshot: dict = {}
@@ -159,9 +155,9 @@ class Explorer:
     self._budget = BudgetSearch(self)
     self.budget, self.budget_note = self._budget.slider, self._budget.note
     self.search_button, self.search_note = self._budget.button, self._budget.found
-    self.compare_button = w.Button(
-        description='compare all layouts' if self.layouts else 'compare all policies',
-                                   layout=w.Layout(**_AUTO))
+    self._comparison = ComparisonTab(self)
+    tab = self._comparison
+    self.compare_button, self.compare_view, self.pareto_pick = tab.button, tab.view, tab.pick
     self.progress = w.HTML()
     self.error = w.HTML()
 
@@ -192,11 +188,6 @@ class Explorer:
     # Marked while a compile runs: in a box, whose classes reach the page
     # (an anywidget's own do not follow changes after it is shown).
     self.costs_tab = w.VBox([self.estimate_view, self.costs_view])
-    self.compare_view = w.HTML('<p>Press “compare all policies” to compile the '
-                               'gradient under every policy.</p>')
-    self.pareto_pick = w.ToggleButtons(options=[], description='show',
-                                       tooltip='show this row in every tab',
-                                       style={'button_width': 'auto'})
     self.program_view = w.HTML()
     self.tabs = w.Tab(children=[
         self.split_view, w.VBox([self.sort_by, self.residual_view]), self.costs_tab,
@@ -213,8 +204,6 @@ class Explorer:
                          names='value')
     # Another lowering's budget ends are compiled once the budget is used there.
     self.lowering.observe(lambda _: self._budget.show(), names='value')
-    self.compare_button.on_click(lambda _: self._compare())
-    self.pareto_pick.observe(self._pick_from_pareto, names='value')
     self.diagram.observe(self._node_clicked, names='click_count')
 
   def _lay_out(self) -> None:
@@ -253,6 +242,11 @@ class Explorer:
     return None
 
   # -- what the controls say ---------------------------------------------------
+
+  @property
+  def comparison(self):
+    """The last comparison the Compare tab shows (``Comparison``), or None."""
+    return self._comparison.comparison
 
   @property
   def f(self):
@@ -301,7 +295,7 @@ class Explorer:
       return
     self.error.value = ''
     self.controls.shown()
-    self._mark_comparison()
+    self._comparison.mark()
     # The compile takes the controls as they are now; its result is dropped
     # if they have changed again by the time it ends.
     fn, policy, lowering = self.f, self.current_policy(), self.lowering.value
@@ -389,48 +383,6 @@ class Explorer:
       self._snapshot_costs = dict(error=f'Compile failed: {error_text(e)}')
       self._output.changed()
 
-  def _compare(self) -> None:
-    lowering, searched = self.lowering.value, self.search_result
-    if self.layouts:  # each layout as written
-      subject, policies, selected = self.layouts, None, self.layout.value
-    else:
-      subject, selected = self.f, self.controls.label()
-      policies = self.controls.comparison_rows()  # the built-ins and every choice tried
-      if searched is not None and searched.fits:  # the searched policy is a row too
-        if not any(p is not None and p == searched.policy for p in policies.values()):
-          policies[searched.label] = searched.policy
-    self.compare_view.add_class(STALE)
-
-    def run(progress):
-      comparison = compare(subject, *self.args, policies=policies, lowering=lowering,
-                           argnums=self.argnums, progress=progress, **self.kwargs)
-      return comparison, _panels.comparison_html(comparison, selected, searched)
-
-    def show(result):
-      self.comparison, html = result
-      self._compared_lowering = lowering
-      self._show_comparison(html)
-      self._set_pareto_options([r.label for r in self.comparison.rows if not r.failed])
-    what = 'layouts' if self.layouts else 'policies'
-    self._work.start(f'comparing {what} · lowering {lowering}', run, show,
-                     self._comparison_failed, group='comparison',
-                     key=(lowering, tuple(policies or ()), selected, id(searched)))
-
-  def _comparison_failed(self, e) -> None:
-    self._show_error(e)
-    self.compare_view.remove_class(STALE)
-
-  def _show_comparison(self, html) -> None:
-    self.compare_view.value = html
-    self.compare_view.remove_class(STALE)
-    self._mark_comparison()
-    self._output.changed()
-
-  def _mark_comparison(self) -> None:
-    """Mark the comparison out of date while the lowering differs from its."""
-    outdated = self.comparison is not None and self._compared_lowering != self.lowering.value
-    (self.compare_view.add_class if outdated else self.compare_view.remove_class)(OUTDATED)
-
   # -- the search -------------------------------------------------------------------
 
   def _searched(self, result) -> None:
@@ -444,30 +396,7 @@ class Explorer:
       return
     self.controls.select(result.label, result.policy)
     if self.comparison is not None:
-      self._compare()
-
-  def _set_pareto_options(self, labels) -> None:
-    # Setting the options selects one: that is no pick of the user's.
-    self._picking = True
-    try:
-      self.pareto_pick.options = labels
-      shown = self.layout.value if self.layouts else self.controls.label()
-      self.pareto_pick.value = shown if shown in labels else None
-    finally:
-      self._picking = False
-
-  def _pick_from_pareto(self, change) -> None:
-    label = change['new']
-    if self._picking or not label:
-      return
-    if self.layouts:  # a row is a layout, as written
-      self.layout.value = label
-      self.controls.select(self.policy.options[0])
-      return
-    if label in self.policies:
-      self.controls.select(label)
-    elif self.comparison is not None:
-      self.controls.select(label, self.comparison.row(label).policy)
+      self._comparison.run()
 
   def _layout_changed(self, _) -> None:
     self._expanded.clear()
@@ -525,7 +454,7 @@ class Explorer:
       analysis['diagram'] = render_diagram(digraph.as_image())
     compared = None
     if self.comparison is not None:
-      compared = (f'<p class="remat-caption">lowering {html_text(self._compared_lowering)}'
+      compared = (f'<p class="remat-caption">lowering {html_text(self._comparison.lowering)}'
                   f'</p>{self.compare_view.value}')
     search = self.search_note.value if self.search_result is not None else None
     costs = dict(self._snapshot_costs)
