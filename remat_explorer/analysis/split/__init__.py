@@ -5,7 +5,8 @@ Above ``program``; nothing here compiles the training step (the partitioner
 is asked for residual shardings only).
 
 * ``analyze``: ``analyze(f, *args, policy=...) -> RematReport``.
-* ``report``: the plain data it returns (residuals, blocks, recompute).
+* ``report``: the plain data it returns (residuals, blocks, recompute);
+  ``recompute``: what the backward pass runs again for a block.
 * ``flops``: FLOP counts of jaxprs, by XLA's conventions.
 * ``estimate``: ``estimate_costs``, the training step's peak and FLOPs
   estimated from its jaxpr, before any compile.
