@@ -142,6 +142,29 @@ def test_a_matmul_output_lives_as_long_as_the_fusions_that_add_its_bias(monkeypa
   assert without / compiled - 1 <= -0.18, (without, compiled)
 
 
+@pytest.mark.skipif(jax.devices()[0].platform != 'cpu',
+                    reason="the rules read off XLA:CPU's programs apply on the CPU alone")
+def test_every_loops_state_is_held_from_the_start_of_the_program(monkeypatch):
+  """XLA:CPU makes every loop's carry and stacked outputs when the program
+  starts: a recurrent model's backward loops hold their outputs through the
+  forward pass. The estimate holds them so too, and lands nearer the
+  compiled peak than without that rule."""
+  from tests import framework_models
+  loss, args = framework_models.linen_recurrent(batch=4, seq=128, width=64, depth=3,
+                                                remat=False)
+  clear_caches()
+  compiled = compile_costs(loss, *args, policy=NO_REMAT).peak_bytes
+  with_rule = estimate_costs(loss, *args, policy=NO_REMAT).peak_bytes
+  clear_caches()
+  monkeypatch.setattr(estimate_module, 'backend_of', lambda platform: dataclasses.replace(
+      backend_of(platform), loop_state_made_first=False))
+  without = estimate_costs(loss, *args, policy=NO_REMAT).peak_bytes
+  clear_caches()
+  assert without < with_rule < compiled
+  assert with_rule / compiled - 1 >= -0.14, (with_rule, compiled)
+  assert (with_rule - without) / compiled >= 0.03, (with_rule, without, compiled)
+
+
 def test_convolution_gradients_read_copies_in_the_cpu_layout():
   """Which operands of a convolution and of its two gradients XLA:CPU
   copies: none of NHWC x HWIO, both of the kernel gradient's, the input

@@ -12,8 +12,9 @@ is asked for residual shardings only).
   estimated from its jaxpr, before any compile.
 * ``jaxpr_memory``: the liveness model of a jaxpr's memory it uses;
   ``backend``: what a platform's XLA backend does to values that the jaxpr
-  does not say (the CPU's convolution layout copies, what its reductions
-  do not fuse).
+  does not say (on the CPU: convolution layout copies, what its
+  reductions do not fuse, cheap values repeated in their readers, every
+  loop's state made first).
 * ``graph``: the split of each block as a plain graph, for diagrams;
   ``grouping``: the group of each equation in the user's terms (module
   path, the user's functions, the library function they called);

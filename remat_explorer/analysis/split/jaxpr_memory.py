@@ -15,12 +15,14 @@ A liveness model of what XLA would hold, read from the jaxpr alone:
   size that dies there, as XLA's buffer assignment does.
 * A call (``pjit``, a remat block, ``custom_jvp_call``) adds its body's own
   peak while it runs; a ``cond`` its largest branch's. A ``scan`` allocates
-  its stacked outputs and its carry when it starts and adds its body's peak
-  (the body's stacked outputs written in place) while it runs; a ``while``
-  the same without stacked outputs.
+  its stacked outputs and its carry when it starts (on the CPU, when the
+  program does) and adds its body's peak (the body's stacked outputs
+  written in place) while it runs; a ``while`` the same without stacked
+  outputs.
 * What the platform's backend adds or splits apart that the jaxpr does not
   say (``backend.py``: on the CPU, convolution operands copied into its
-  layout, values its reductions do not fuse) is added as it would run.
+  layout, values its reductions do not fuse, cheap values repeated in their
+  readers) is added as it would run.
 
 Equations run in the jaxpr's order, which XLA's scheduler is free to change:
 this is a model, not a measurement (``bench/estimates.py`` measures how far
@@ -409,13 +411,16 @@ def peak_bytes(jaxpr: Jaxpr | ClosedJaxpr, *, count_outputs: bool = True,
   dies_at: dict[int, list] = {}
   for r, i in scope.last_use.items():
     dies_at.setdefault(i, []).append(r)
-  live = peak = 0
   allocated, root, last_use = scope.bytes.get, scope.root, scope.last_use
+  # On the CPU every loop's state is made when the program starts (``backend.py``).
+  early = _loop_state(scope) if backend.loop_state_made_first else set()
+  live = sum(allocated(k, 0) for k in early)
+  peak = 0
   for i, (op, is_live) in enumerate(zip(scope.ops, scope.live)):
     if not is_live:
       continue
     dying = dies_at.get(i, ())
-    outs = [k for k in op.writes if k not in root]
+    outs = [k for k in op.writes if k not in root and k not in early]
     new = never_read = 0
     for k in outs:
       n = allocated(k, 0)
@@ -428,6 +433,15 @@ def peak_bytes(jaxpr: Jaxpr | ClosedJaxpr, *, count_outputs: bool = True,
     for r in dying:
       live -= allocated(r, 0)
   return peak
+
+
+def _loop_state(scope: _Scope) -> set:
+  """The buffers of every ``scan``'s carry and stacked outputs that
+  something reads after it."""
+  return {k for op, is_live in zip(scope.ops, scope.live)
+          if is_live and op.name == 'scan' and not op.added
+          for k in op.writes
+          if k not in scope.root and k in scope.last_use and scope.allocated(k)}
 
 
 def _reused_bytes(op: _Op, scope: _Scope, outs, dying) -> int:
