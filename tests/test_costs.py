@@ -643,6 +643,29 @@ def test_two_threads_asking_for_one_program_at_once_share_one_compile():
   assert not any('same program' in n for n in views.notes + search.notes)
 
 
+def test_a_compile_cancelled_before_it_ran_leaves_its_program_to_compile_later():
+  """A search cancels the compiles it no longer needs; one cancelled while
+  it waited for a worker gives its program back: asked for later, the
+  program compiles, rather than answering with the cancellation."""
+  import concurrent.futures
+  import threading
+  from remat_explorer.analysis.xla.compiled import start_compile_costs
+  ours, args = _mlp(num_layers=3, width=64, batch=16, seed=45)
+  rx.clear_caches()
+  release = threading.Event()
+  with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+    pool.submit(release.wait, 300)  # the only worker, busy
+    waiting = start_compile_costs(pool, ours, *args, policy=cp.dots_saveable)
+    assert waiting.compiled.cancel()
+    release.set()
+  costs = compile_costs(ours, *args, policy=cp.dots_saveable)
+  theirs, _ = _mlp(num_layers=3, width=64, batch=16, seed=45, ck=jax.checkpoint,
+                   policy=cp.dots_saveable)
+  by_hand = jax.jit(jax.value_and_grad(theirs)).lower(*args).compile()
+  assert not costs.failed
+  assert costs.temp_bytes == by_hand.memory_analysis().temp_size_in_bytes
+
+
 def test_policies_that_compile_to_one_program_share_one_compile():
   """The program as written (a default ``checkpoint``), ``nothing_saveable``
   and a name the program does not have lower to one program: XLA compiles

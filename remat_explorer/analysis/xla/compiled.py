@@ -247,34 +247,39 @@ def start_step_compile(step, leaves, *, function, policy, lowering, donate_argnu
     compiled = lowered.compile(options)
     return compiled, time.perf_counter() - start
 
-  def started_with(compiled):
-    return _StepCompile(
-        lowered=lowered, compiled=compiled, analysis=analysis, dump=dump,
-        lower_seconds=lower_seconds, placement=placement, device=device, notes=tuple(notes),
-        common=common, lowered_matmuls=count_matmuls_lowered(text))
-  if executor is not None:
-    note_compile()  # counted for the thread that asked for it
-    started = started_with(executor.submit(timed_compile))
-    _programs.put(program_key, started)
-    return started
-  # Compiled on this thread: the program is claimed before XLA starts, so
-  # that another thread asking for it meanwhile (the Explorer's views and
-  # its search, opening together) waits for this compile instead of
-  # running a second one.
-  started = started_with(concurrent.futures.Future())
+  # The program is claimed before XLA starts, so that a thread asking for it
+  # meanwhile (the Explorer's views and its search, opening together) waits
+  # for this compile instead of running a second one.
+  started = _StepCompile(
+      lowered=lowered, compiled=concurrent.futures.Future(), analysis=analysis, dump=dump,
+      lower_seconds=lower_seconds, placement=placement, device=device, notes=tuple(notes),
+      common=common, lowered_matmuls=count_matmuls_lowered(text))
   first = _programs.setdefault(program_key, started)
   if first is not started:
     if dump is not None:
       dump.remove()
     return _SameProgram(first, common, tuple(notes), lower_seconds)
-  note_compile()
-  started.compiled.set_running_or_notify_cancel()
-  try:
-    _fill(started.compiled, timed_compile)
-  except BaseException as e:  # an interrupt: not this program's result
-    _programs.pop(program_key)
-    started.compiled.set_exception(e)
-    raise
+  note_compile()  # counted for the thread that asked for it
+  # A compile cancelled (a search that no longer needs it) gives its
+  # program back, for whoever asks for it later to compile.
+  started.compiled.add_done_callback(
+      lambda future: _programs.pop(program_key) if future.cancelled() else None)
+
+  def compile_into_future():
+    # A compile cancelled before a worker took it up is not run (as an
+    # executor's own future would have it).
+    if not started.compiled.set_running_or_notify_cancel():
+      return
+    try:
+      _fill(started.compiled, timed_compile)
+    except BaseException as e:  # an interrupt: not this program's result
+      _programs.pop(program_key)
+      started.compiled.set_exception(e)
+      raise
+  if executor is None:
+    compile_into_future()
+  else:
+    executor.submit(compile_into_future)
   return started
 
 
