@@ -122,21 +122,28 @@ def _biased_layers(num_layers=3, width=128, batch=1024, seed=24):
   return loss, (layers, x)
 
 
+def _peaks_with_and_without(monkeypatch, rule: str, loss, args) -> tuple[int, int, int]:
+  """The compiled peak of `loss` without remat, and its estimate with and
+  without the CPU's `rule` (a field of ``backend.Backend``)."""
+  clear_caches()
+  compiled = compile_costs(loss, *args, policy=NO_REMAT).peak_bytes
+  with_rule = estimate_costs(loss, *args, policy=NO_REMAT).peak_bytes
+  clear_caches()
+  monkeypatch.setattr(estimate_module, 'backend_of', lambda platform: dataclasses.replace(
+      backend_of(platform), **{rule: False}))
+  without = estimate_costs(loss, *args, policy=NO_REMAT).peak_bytes
+  clear_caches()
+  return compiled, with_rule, without
+
+
 @pytest.mark.skipif(jax.devices()[0].platform != 'cpu',
                     reason="the rules read off XLA:CPU's programs apply on the CPU alone")
 def test_a_matmul_output_lives_as_long_as_the_fusions_that_add_its_bias(monkeypatch):
   """XLA:CPU adds the bias again in each fusion that reads the sum, so the
   matmul's output lives into the backward pass: the estimate holds it
   there too, and lands nearer the compiled peak than without that rule."""
-  loss, args = _biased_layers()
-  clear_caches()
-  compiled = compile_costs(loss, *args, policy=NO_REMAT).peak_bytes
-  with_rule = estimate_costs(loss, *args, policy=NO_REMAT).peak_bytes
-  clear_caches()
-  monkeypatch.setattr(estimate_module, 'backend_of', lambda platform: dataclasses.replace(
-      backend_of(platform), repeats_cheap_values=False))
-  without = estimate_costs(loss, *args, policy=NO_REMAT).peak_bytes
-  clear_caches()
+  compiled, with_rule, without = _peaks_with_and_without(
+      monkeypatch, 'repeats_cheap_values', *_biased_layers())
   assert without < with_rule < compiled
   assert with_rule / compiled - 1 >= -0.15, (with_rule, compiled)
   assert without / compiled - 1 <= -0.18, (without, compiled)
@@ -150,16 +157,9 @@ def test_every_loops_state_is_held_from_the_start_of_the_program(monkeypatch):
   forward pass. The estimate holds them so too, and lands nearer the
   compiled peak than without that rule."""
   from tests import framework_models
-  loss, args = framework_models.linen_recurrent(batch=4, seq=128, width=64, depth=3,
-                                                remat=False)
-  clear_caches()
-  compiled = compile_costs(loss, *args, policy=NO_REMAT).peak_bytes
-  with_rule = estimate_costs(loss, *args, policy=NO_REMAT).peak_bytes
-  clear_caches()
-  monkeypatch.setattr(estimate_module, 'backend_of', lambda platform: dataclasses.replace(
-      backend_of(platform), loop_state_made_first=False))
-  without = estimate_costs(loss, *args, policy=NO_REMAT).peak_bytes
-  clear_caches()
+  compiled, with_rule, without = _peaks_with_and_without(
+      monkeypatch, 'loop_state_made_first',
+      *framework_models.linen_recurrent(batch=4, seq=128, width=64, depth=3, remat=False))
   assert without < with_rule < compiled
   assert with_rule / compiled - 1 >= -0.14, (with_rule, compiled)
   assert (with_rule - without) / compiled >= 0.03, (with_rule, without, compiled)
