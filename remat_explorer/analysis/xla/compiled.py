@@ -18,7 +18,6 @@ import concurrent.futures
 import dataclasses
 import hashlib
 import numbers as numbers_module
-import re
 import threading
 import time
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from remat_explorer.analysis.program.devices import (compiled_placement, find_pl
 from remat_explorer.analysis.targets.device_memory import device_memory_bytes
 from remat_explorer.analysis.xla.xla_dump import XlaDump
 from remat_explorer.analysis.xla.executed_flops import executed_flops
+from remat_explorer.analysis.xla.hlo import count_matmuls_lowered
 from remat_explorer.analysis.xla.run_times import with_run_times
 from remat_explorer.analysis.xla.reader import read_compiled
 from remat_explorer.analysis.xla.timeline import memory_timeline
@@ -495,17 +495,3 @@ def _collectives(module, notes: list[str]) -> tuple[Collective, ...]:
 def _is_xla_error(e: Exception) -> bool:
   return (isinstance(e, getattr(jax.errors, 'JaxRuntimeError', ()))
           or type(e).__name__ in ('XlaRuntimeError', 'JaxRuntimeError'))
-
-
-# Matmul-like ops: StableHLO's ops, and in optimized HLO the instructions or
-# the library calls (cuBLAS/cuDNN) and Triton GEMM fusions that implement them.
-# The lowered pattern starts with its literal, which `re` finds fast; the word
-# boundary before it is checked on each hit (a \b in front would make `re`
-# try every position). In the compiled one, possessive quantifiers (never
-# worth giving back there: what follows each run cannot match inside it)
-# spare `re` backtracking through every long run after an '='.
-_LOWERED_MATMUL = re.compile(r'stablehlo\.(dot_general|dot|convolution)\b')
-_WORD_CHAR = re.compile(r'\w')
-def count_matmuls_lowered(stablehlo_text: str) -> int:
-  return sum(1 for m in _LOWERED_MATMUL.finditer(stablehlo_text)
-             if not (m.start() and _WORD_CHAR.match(stablehlo_text, m.start() - 1)))

@@ -419,3 +419,17 @@ def _leaf(dtype: str, dims: str, layout: str | None) -> Leaf:
   for d in re.findall(r'\d+', dims):  # a dynamic '<=8' counts as its bound
     n *= int(d)
   return Leaf(n * element_bits(dtype) // 8, space, f'{dtype}[{dims}]S{space}')
+
+
+# A lowered program's matmuls: StableHLO's ops (a compiled one's are
+# ``Instruction.is_matmul``). The pattern starts with its literal, which
+# `re` finds fast; the word boundary before it is checked on each hit (a \b
+# in front would make `re` try every position).
+_LOWERED_MATMUL = re.compile(r'stablehlo\.(dot_general|dot|convolution)\b')
+_WORD_CHAR = re.compile(r'\w')
+
+
+def count_matmuls_lowered(stablehlo_text: str) -> int:
+  """Matmuls (dots and convolutions) in a lowered program's StableHLO text."""
+  return sum(1 for m in _LOWERED_MATMUL.finditer(stablehlo_text)
+             if not (m.start() and _WORD_CHAR.match(stablehlo_text, m.start() - 1)))
