@@ -234,31 +234,31 @@ def start_step_compile(step, leaves, *, function, policy, lowering, donate_argnu
                 device_memory_bytes=device_memory_bytes(device))
   if program_key is not None:
     program_key = (program_key, hashlib.sha256(text.encode()).digest())
-    first = _programs.get(program_key)
-    if first is not None:
-      return _SameProgram(first, common, tuple(notes), lower_seconds)
-  # An accelerator's buffer assignment comes only with a dump (xla_dump.py).
-  dump = None if device.platform == 'cpu' else XlaDump()
-  if dump is not None:
-    options = {**(options or {}), **dump.compiler_options()}
-
-  def timed_compile():
-    start = time.perf_counter()
-    compiled = lowered.compile(options)
-    return compiled, time.perf_counter() - start
-
-  # The program is claimed before XLA starts, so that a thread asking for it
-  # meanwhile (the Explorer's views and its search, opening together) waits
-  # for this compile instead of running a second one.
+  # The program is claimed before anything else is done for its compile, so
+  # that a step asking for it later, or meanwhile on another thread (the
+  # Explorer's views and its search, opening together), shares this compile.
   started = _StepCompile(
-      lowered=lowered, compiled=concurrent.futures.Future(), analysis=analysis, dump=dump,
+      lowered=lowered, compiled=concurrent.futures.Future(), analysis=analysis, dump=None,
       lower_seconds=lower_seconds, placement=placement, device=device, notes=tuple(notes),
-      common=common, lowered_matmuls=count_matmuls_lowered(text))
+      common=common, lowered_matmuls=0)
   first = _programs.setdefault(program_key, started)
   if first is not started:
-    if dump is not None:
-      dump.remove()
     return _SameProgram(first, common, tuple(notes), lower_seconds)
+
+  def give_back(e: BaseException) -> None:
+    # What went wrong (an interrupt, a dump that could not be made) is not
+    # this program's result: whoever asks for it later compiles it.
+    _programs.pop(program_key)
+    started.compiled.set_exception(e)
+  try:
+    started.lowered_matmuls = count_matmuls_lowered(text)
+    # An accelerator's buffer assignment comes only with a dump (xla_dump.py).
+    if device.platform != 'cpu':
+      started.dump = XlaDump()
+      options = {**(options or {}), **started.dump.compiler_options()}
+  except BaseException as e:
+    give_back(e)
+    raise
   note_compile()  # counted for the thread that asked for it
   # A compile cancelled (a search that no longer needs it) gives its
   # program back, for whoever asks for it later to compile.
@@ -271,10 +271,13 @@ def start_step_compile(step, leaves, *, function, policy, lowering, donate_argnu
     if not started.compiled.set_running_or_notify_cancel():
       return
     try:
-      _fill(started.compiled, timed_compile)
-    except BaseException as e:  # an interrupt: not this program's result
-      _programs.pop(program_key)
+      start = time.perf_counter()
+      compiled = lowered.compile(options)
+      started.compiled.set_result((compiled, time.perf_counter() - start))
+    except Exception as e:  # XLA's refusal is the program's result
       started.compiled.set_exception(e)
+    except BaseException as e:
+      give_back(e)
       raise
   if executor is None:
     compile_into_future()
@@ -285,11 +288,7 @@ def start_step_compile(step, leaves, *, function, policy, lowering, donate_argnu
 
 def _done_with(fn) -> concurrent.futures.Future:
   """A future holding what `fn()` returned or raised."""
-  return _fill(concurrent.futures.Future(), fn)
-
-
-def _fill(future: concurrent.futures.Future, fn) -> concurrent.futures.Future:
-  """`future`, given what `fn()` returned or raised."""
+  future = concurrent.futures.Future()
   try:
     future.set_result(fn())
   except Exception as e:
