@@ -146,7 +146,7 @@ def live_at_peak(report: RematReport, costs: CompiledCosts,
     return []
   timeline = costs.timeline
   step = timeline.peak_step if step is None else step
-  words = _Words(report, costs)
+  words = _words_of(report, costs)
   return [words.describe(b) for b in sorted(timeline.live_at(step), key=lambda b: -b.bytes)
           if not b.memory_space]
 
@@ -229,15 +229,20 @@ _ARGUMENT = re.compile(r'^\w+\[(\d+)\]$')
 
 
 class _Words:
-  """Buffers of one compiled program described in its user's terms."""
+  """Buffers of one compiled program described in its user's terms, each
+  described once: a timeline's bands ask for the buffers live at up to 150
+  steps, most of them the same buffers."""
 
   def __init__(self, report: RematReport, costs: CompiledCosts):
     self.report, self.policy = report, report.policy
     self.timeline = costs.timeline
-    self.residual_of = _residuals_by_buffer(report, costs)
+    self.residual_of = match_residuals([b for b in costs.timeline.buffers
+                                        if b.is_residual and not b.memory_space],
+                                       [r for r in report.residuals if r.kind == 'equation'])
     self.paths = report.module_paths
     self.outputs = max((b.output_index for b in self.timeline.buffers
                         if b.output_index is not None), default=-1) + 1
+    self._described: dict[str, PeakBuffer] = {}
 
   def module_path(self, buffer: Buffer) -> str:
     """The module that computed `buffer`, named as the report names its
@@ -246,6 +251,12 @@ class _Words:
     return scope if self.paths is None else self.paths.of_stack(buffer.frames, scope)
 
   def describe(self, buffer: Buffer) -> PeakBuffer:
+    described = self._described.get(buffer.name)
+    if described is None:
+      described = self._described[buffer.name] = self._describe(buffer)
+    return described
+
+  def _describe(self, buffer: Buffer) -> PeakBuffer:
     made_by = pass_of(buffer.op_name)
     common = dict(buffer=buffer.name, bytes=buffer.bytes, policy=self.policy,
                   scope=self.module_path(buffer))
@@ -337,21 +348,19 @@ def scope_of(op_name: str) -> str:
 # -- residuals by provenance ------------------------------------------------------------------
 
 # Keyed by identity, the objects kept in the entry so an id is not reused.
-_matches = ResultCache(max_entries=8)
+_words = ResultCache(max_entries=8)
 
 
-def _residuals_by_buffer(report: RematReport, costs: CompiledCosts) -> dict[str, Residual]:
-  """Buffer name -> the residual it holds, for every residual buffer of
-  the timeline (computed once per report and costs)."""
+def _words_of(report: RematReport, costs: CompiledCosts) -> _Words:
+  """The buffers of `costs` described under `report`, made once per report
+  and costs."""
   key = (id(report), id(costs))
-  cached = _matches.get(key)
+  cached = _words.get(key)
   if cached is not None and cached[0] is report and cached[1] is costs:
     return cached[2]
-  found = match_residuals([b for b in costs.timeline.buffers
-                           if b.is_residual and not b.memory_space],
-                          [r for r in report.residuals if r.kind == 'equation'])
-  _matches.put(key, (report, costs, found))
-  return found
+  words = _Words(report, costs)
+  _words.put(key, (report, costs, words))
+  return words
 
 
 def match_residuals(buffers, residuals) -> dict[str, Residual]:
