@@ -9,6 +9,11 @@ in the same run, the cost any JAX user pays to look at a program at all.
 The target: a 5,000-equation program drawn in a few seconds, never a hang or
 an SVG of tens of MB.
 
+Then the memory timeline (what the Costs tab and the report draw from a
+compile): ``timeline_view``, which describes the buffers live in each of up
+to 150 bands in the user's terms, against ``compile_costs`` of the same
+program in the same run. The target: a small share of the compile it shows.
+
     .venv/bin/python bench/viz.py [--repeats 3]
 """
 
@@ -72,6 +77,25 @@ def bench(label: str, f, args, repeats: int) -> None:
         f'{render:>8.3f} {len(svg_text) / 1024:>8.0f} {trace:>8.3f} {total / trace:>7.2f}')
 
 
+def bench_timeline(label: str, f, args, repeats: int) -> None:
+  from remat_explorer.analysis import clear_caches, compile_costs
+  from remat_explorer.viz.charts.timeline_view import timeline_view
+
+  def compile_once():
+    clear_caches()
+    return compile_costs(f, *args)
+  compile_seconds = median_seconds(compile_once, repeats)
+  report, costs = analyze(f, *args), compile_costs(f, *args)
+
+  def view_once():
+    clear_caches()  # each view describes its buffers afresh, as a new compile's does
+    return timeline_view(report, costs)
+  view = timeline_view(report, costs)
+  seconds = median_seconds(view_once, repeats)
+  print(f'{label:<30} {len(costs.timeline.buffers):>8} {len(view.bands):>6} '
+        f'{seconds:>8.3f} {compile_seconds:>10.3f} {seconds / compile_seconds:>7.1%}')
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument('--repeats', type=int, default=3)
@@ -91,6 +115,14 @@ def main(argv=None) -> int:
     print(f'Flax NNX transformer: skipped ({e})')
   else:
     bench('Flax NNX transformer (scan)', *nnx_transformer(), args.repeats)
+  print()
+  print(f'{"program":<30} {"buffers":>8} {"bands":>6} {"view s":>8} {"compile s":>10} '
+        f'{"share":>7}')
+  print('(view: timeline_view of a compile; share: of compile_costs of the same program, '
+        'same run)')
+  bench_timeline('transformer, 24 layers', *examples.transformer(num_layers=24), args.repeats)
+  bench_timeline('transformer under scan', *examples.transformer(num_layers=24, use_scan=True),
+                 args.repeats)
   return 0
 
 
