@@ -1,12 +1,14 @@
-"""Models written as users of Flax and Equinox write them, unchanged by the
-explorer: a Flax Linen ``nn.scan(nn.remat(Block))`` stack trained with an
-optax loss, a Flax NNX ``nnx.scan`` + ``nnx.remat`` model with
-``checkpoint_name``s, and an Equinox model whose scanned layers are
-``eqx.filter_checkpoint``ed. Each builder returns ``(loss_fn, args)`` with
+"""Models written as users of Flax, Equinox and Haiku write them, unchanged
+by the explorer: a Flax Linen ``nn.scan(nn.remat(Block))`` stack trained
+with an optax loss, a Flax NNX ``nnx.scan`` + ``nnx.remat`` model with
+``checkpoint_name``s, an Equinox model whose scanned layers are
+``eqx.filter_checkpoint``ed, and a Haiku ``hk.layer_stack`` over
+``hk.remat`` of a lambda calling the block. Each builder returns ``(loss_fn, args)`` with
 the parameters first, from a fixed seed; ``remat=False`` builds the same
 model as its user would without remat."""
 
 import equinox as eqx
+import haiku as hk
 import jax
 import jax.numpy as jnp
 import optax
@@ -286,5 +288,40 @@ def equinox_transformer(batch=4, seq=16, remat=True):
     return optax.softmax_cross_entropy_with_integer_labels(logits, tokens).mean()
   return loss_fn, (model, tokens)
 
+# -- Haiku --------------------------------------------------------------------------
 
-MODELS = {'linen': linen_transformer, 'nnx': nnx_transformer, 'equinox': equinox_transformer}
+class HkBlock(hk.Module):
+  def __call__(self, x):
+    h = hk.LayerNorm(-1, True, True, name='norm1')(x)
+    q = checkpoint_name(hk.Linear(x.shape[-1], name='query')(h), 'query')
+    k, v = hk.Linear(x.shape[-1], name='key')(h), hk.Linear(x.shape[-1], name='value')(h)
+    probs = jax.nn.softmax(jnp.einsum('btd,bsd->bts', q, k) / x.shape[-1] ** 0.5)
+    x = x + hk.Linear(x.shape[-1], name='out')(jnp.einsum('bts,bsd->btd', probs, v))
+    h = hk.LayerNorm(-1, True, True, name='norm2')(x)
+    h = checkpoint_name(jax.nn.gelu(hk.Linear(4 * x.shape[-1], name='mlp_in')(h)), 'mlp_hidden')
+    return x + hk.Linear(x.shape[-1], name='mlp_out')(h)
+
+
+def haiku_transformer(batch=4, seq=16, remat=True, layers=3, d=32):
+  """``hk.layer_stack`` over ``hk.remat`` of a block, as Haiku's users scan
+  their layers."""
+  def forward(tokens):
+    x = hk.Embed(VOCAB, d)(tokens)
+    layer = lambda x: HkBlock(name='block')(x)
+    if remat:
+      layer = hk.remat(layer, policy=jax.checkpoint_policies.save_only_these_names(
+          'query', 'mlp_hidden'))
+    x = hk.layer_stack(layers)(layer)(x)
+    return hk.Linear(VOCAB, name='head')(x)
+  model = hk.without_apply_rng(hk.transform(forward))
+  tokens = jax.random.randint(jax.random.key(5), (batch, seq), 0, VOCAB)
+  params = model.init(jax.random.key(6), tokens)
+
+  def loss_fn(params, tokens):
+    return optax.softmax_cross_entropy_with_integer_labels(
+        model.apply(params, tokens), tokens).mean()
+  return loss_fn, (params, tokens)
+
+
+MODELS = {'linen': linen_transformer, 'nnx': nnx_transformer, 'equinox': equinox_transformer,
+          'haiku': haiku_transformer}

@@ -1,5 +1,5 @@
-"""The explorer on models as Flax Linen, Flax NNX and Equinox users write
-them: residuals found at the lines of the model's code, with the names and
+"""The explorer on models as Flax Linen, Flax NNX, Equinox and Haiku users
+write them: residuals found at the lines of the model's code, with the names and
 module paths it gave them, blocks named after the user's code, and the
 program's own policy ("as written") measuring what JAX and XLA measure for
 the unmodified model."""
@@ -22,6 +22,9 @@ EXPECTED = {
     'nnx': ('run', 'blocks', {'query', 'mlp_hidden'},
             {'query': 'blocks/attention', 'mlp_hidden': 'blocks'}),
     'equinox': ('layer_step', 'layers', {'mlp_hidden'}, {'mlp_hidden': 'layers'}),
+    # The block is a lambda calling the module: named after the module.
+    'haiku': ('HkBlock', 'block', {'query', 'mlp_hidden'},
+              {'query': 'block', 'mlp_hidden': 'block'}),
 }
 
 
@@ -82,7 +85,8 @@ def test_as_written_is_what_jax_and_xla_measure_for_the_unmodified_model(model):
 
 def _parameter_modules(args) -> set[str]:
   """Every module path the parameters name, from their pytree paths alone
-  (a leaf's path without its key, Linen's collection and value wrappers),
+  (a leaf's path without its key, Linen's collection and value wrappers;
+  Haiku's keys are module paths, less the module ``hk.layer_stack`` adds),
   with each path's parents and the root ''."""
   modules = {''}
   for path, _ in jax.tree_util.tree_flatten_with_path(args[0])[0]:
@@ -90,6 +94,8 @@ def _parameter_modules(args) -> set[str]:
     while keys and keys[-1] in ('value', 'raw_value'):
       keys.pop()
     keys = keys[1:] if keys and keys[0] == 'params' else keys
+    keys = [m for k in keys[:-1] for m in k.split('/')
+            if m != '__layer_stack_no_per_layer'] + keys[-1:]
     for n in range(len(keys)):
       modules.add('/'.join(keys[:n]))
   return modules

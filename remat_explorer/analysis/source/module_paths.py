@@ -27,6 +27,11 @@ _LEAF_WRAPPERS = ('value', 'raw_value')
 # the module ``blocks``, the path Flax's own name stack and the
 # ``params`` argument alone give it.
 _COLLECTIONS = ('params', 'batch_stats', 'cache', 'intermediates')
+# Haiku names a parameter by its module path in one key
+# (``params['__layer_stack_no_per_layer/block/query']['w']``), where
+# ``hk.layer_stack`` adds a module of its own that the model never names
+# (its name stack does not hold it either).
+_WRAPPER_MODULES = ('__layer_stack_no_per_layer', '__layer_stack_with_per_layer')
 
 
 def path_components(arg_name: str) -> tuple[str, ...]:
@@ -44,7 +49,8 @@ def module_of_parameter(arg_name: str) -> str:
     parts.pop()
   if len(parts) > 1 and parts[0] in _COLLECTIONS:
     parts = parts[1:]
-  return '/'.join(parts[:-1])
+  return '/'.join(module for part in parts[:-1] for module in part.split('/')
+                  if module not in _WRAPPER_MODULES)
 
 
 def _common_path(paths: Iterable[str]) -> str:

@@ -324,14 +324,18 @@ def entry_function(call_eqn, body) -> str | None:
   """The user's function a call runs (a remat block's): the first frame of
   the user's code that its body's equations were traced in and its call
   site was not. A framework's wrappers in between are skipped, so a Flax
-  module's block is named by its ``__call__``'s class (``Block``)."""
+  module's block is named by its ``__call__``'s class (``Block``), and so
+  is a lambda that calls it."""
   outside = set(user_frames(call_eqn.source_info.traceback))
   counts: dict[str, int] = {}
   for eqn in body.eqns:
-    for frame in user_frames(eqn.source_info.traceback):
-      if frame not in outside:
-        counts[frame[2]] = counts.get(frame[2], 0) + 1
-        break
+    inside = [f for f in user_frames(eqn.source_info.traceback) if f not in outside]
+    # A lambda has no name to give (``hk.remat(lambda x: Block()(x))``):
+    # the function it calls names the block.
+    named = next((f for f in inside if not f[2].endswith('<lambda>')), None)
+    if inside:
+      frame = named or inside[0]
+      counts[frame[2]] = counts.get(frame[2], 0) + 1
   if not counts:
     return None
   return display_name(max(counts, key=counts.get))
