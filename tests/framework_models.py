@@ -77,6 +77,30 @@ def linen_transformer(batch=4, seq=16, remat=True):
   return _linen_lm(LinenModel(remat=remat), batch, seq, seed=0)
 
 
+class LinenMlpBlock(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    h = nn.gelu(nn.Dense(4 * x.shape[-1], name='up')(nn.LayerNorm(name='norm')(x)))
+    return x + nn.Dense(x.shape[-1], name='down')(h)
+
+
+class LinenRematScanModel(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    stack = nn.remat_scan(LinenMlpBlock, lengths=(2, 3),
+                          policy=jax.checkpoint_policies.dots_saveable)
+    return jnp.mean(stack(name='stack')(x) ** 2)
+
+
+def linen_remat_scan(batch=4, seq=16, width=32):
+  """Flax's own ``nn.remat_scan``: six blocks as two remat'ed steps of a
+  scan over three."""
+  model = LinenRematScanModel()
+  x = jax.random.normal(jax.random.key(7), (batch, seq, width))
+  params = model.init(jax.random.key(8), x)['params']
+  return lambda params, x: model.apply({'params': params}, x), (params, x)
+
+
 # A Griffin-style recurrent LM (recurrentgemma's shape, written here): each
 # block a gated linear recurrence (RG-LRU) run by an unrolled inner
 # ``lax.scan`` beside an MLP, the blocks ``nn.remat``ed and unrolled.

@@ -135,3 +135,21 @@ def test_linen_variables_name_modules_as_their_params_do():
   loss_fn, (params, tokens) = framework_models.linen_transformer()
   _check_module_paths(lambda variables, tokens: loss_fn(variables['params'], tokens),
                       ({'params': params}, tokens))
+
+
+def test_flax_remat_scan_blocks_are_named_by_the_users_module():
+  """``nn.remat_scan`` remats a Flax function that only runs a scan over
+  the user's block: the block is named after that block and its module
+  path is the stack's, as for ``nn.scan(nn.remat(Block))``, and its
+  figures are XLA's for the model as written."""
+  loss_fn, args = framework_models.linen_remat_scan()
+  report = analyze(loss_fn, *args)
+  (block,) = report.blocks
+  assert (block.name, block.module_path, block.trip_count) == ('LinenMlpBlock', 'stack', 2)
+  computed = [r for r in report.residuals if r.kind == 'equation' and r.site]
+  assert {r.module_path for r in computed if r.site.function == 'LinenMlpBlock.__call__'} \
+      >= {'stack/up', 'stack/down'}
+  assert all(r.site.file == MODEL_FILE for r in computed)
+  comparison = compare(loss_fn, *args, policies={}, include_no_remat=False)
+  compiled = jax.jit(jax.value_and_grad(loss_fn)).lower(*args).compile()
+  assert comparison.rows[0].temp_bytes == compiled.memory_analysis().temp_size_in_bytes

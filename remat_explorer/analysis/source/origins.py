@@ -33,7 +33,7 @@ import sys
 import sysconfig
 from typing import Sequence
 
-from jax.extend.core import Jaxpr
+from jax.extend.core import Jaxpr, jaxprs_in_params
 
 from remat_explorer.analysis.cache import cleared_with_results
 from remat_explorer.analysis.source.cells import cell_label, cell_number, line_text
@@ -337,7 +337,10 @@ def entry_function(call_eqn, body) -> str | None:
       frame = named or inside[0]
       counts[frame[2]] = counts.get(frame[2], 0) + 1
   if not counts:
-    return None
+    # A body that only runs a library's loop (Flax's ``nn.remat_scan``, a
+    # remat block around a scan over the layers): the loop's body names it.
+    return next((name for eqn in body.eqns for sub in jaxprs_in_params(eqn.params)
+                 if (name := entry_function(call_eqn, sub)) is not None), None)
   return display_name(max(counts, key=counts.get))
 
 

@@ -418,7 +418,10 @@ def _block_input_names(record) -> list[str]:
 
 def _common_module_path(body, paths) -> str:
   found = {p for eqn in body.eqns if (p := paths.of(eqn))}
-  return '/'.join(os.path.commonprefix([p.split('/') for p in found])) if found else ''
+  if not found:  # a body that only runs a loop: the loop's body says
+    return next((path for eqn in body.eqns for sub in core.jaxprs_in_params(eqn.params)
+                 if (path := _common_module_path(sub, paths))), '')
+  return '/'.join(os.path.commonprefix([p.split('/') for p in found]))
 
 
 def _equation_costs(closed) -> tuple[EquationCost, ...]:
