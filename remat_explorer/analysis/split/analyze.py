@@ -33,7 +33,7 @@ from remat_explorer.analysis.split import sharding
 from remat_explorer.analysis.cache import ResultCache
 from remat_explorer.analysis.program.keywords import check_keywords, entry_point
 from remat_explorer.analysis.source.module_paths import ModulePaths, module_of_parameter
-from remat_explorer.analysis.source.origins import user_frames, user_frames_within
+from remat_explorer.analysis.source.origins import clean_scope, user_frames, user_frames_within
 from remat_explorer.analysis.source.producers import step_trips, trace_producer
 from remat_explorer.analysis.program.problem import Problem
 from remat_explorer.analysis.program.blocks import (BlockSite, PolicyChoice, built_policy_choice,
@@ -417,7 +417,13 @@ def _block_input_names(record) -> list[str]:
 
 
 def _common_module_path(body, paths) -> str:
+  """The module path a block's equations share: from the parameters they
+  read, else from their name stacks (Linen's modules, as a residual's
+  ``module_path`` falls back to them)."""
   found = {p for eqn in body.eqns if (p := paths.of(eqn))}
+  if not found:
+    found = {p for eqn in body.eqns
+             if (p := paths.of_scope(clean_scope(eqn.source_info.name_stack)))}
   if not found:  # a body that only runs a loop: the loop's body says
     return next((path for eqn in body.eqns for sub in core.jaxprs_in_params(eqn.params)
                  if (path := _common_module_path(sub, paths))), '')
