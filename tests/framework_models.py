@@ -347,5 +347,17 @@ def haiku_transformer(batch=4, seq=16, remat=True, layers=3, d=32):
   return loss_fn, (params, tokens)
 
 
+
+def haiku_mlps(batch=8, width=32, layers=2):
+  """Haiku's own ``hk.nets.MLP``, each ``hk.remat``ed in a lambda: its
+  parameters are named ``mlp/~/linear_0``, its name stack ``mlp/linear_0``."""
+  def forward(x):
+    for _ in range(layers):
+      x = x + hk.remat(lambda x: hk.nets.MLP([4 * width, width], activation=jax.nn.gelu)(x))(x)
+    return jnp.mean(x ** 2)
+  model = hk.without_apply_rng(hk.transform(forward))
+  x = jax.random.normal(jax.random.key(9), (batch, width))
+  return model.apply, (model.init(jax.random.key(10), x), x)
+
 MODELS = {'linen': linen_transformer, 'nnx': nnx_transformer, 'equinox': equinox_transformer,
           'haiku': haiku_transformer}

@@ -166,3 +166,21 @@ def test_unrolled_linen_blocks_are_at_their_modules_paths():
   saved = {r.module_path for r in report.residuals
            if r.kind == 'equation' and r.module_path.startswith('block')}
   assert saved and saved <= set(paths)
+
+
+def test_haiku_library_modules_remated_in_a_lambda():
+  """``hk.remat(lambda x: hk.nets.MLP(...)(x))``: each block is named
+  after the module the lambda calls, and every view names a module as
+  Haiku's name stack does (``mlp/linear_0``; its parameters say
+  ``mlp/~/linear_0``)."""
+  from remat_explorer.analysis import compile_costs, live_at_peak
+  loss_fn, args = framework_models.haiku_mlps()
+  assert 'mlp/~/linear_0' in args[0]
+  report = analyze(loss_fn, *args)
+  assert [(b.name, b.module_path) for b in report.blocks] == [('MLP', 'mlp'), ('MLP#2', 'mlp_1')]
+  modules = {'', 'mlp', 'mlp_1', 'mlp/linear_0', 'mlp/linear_1', 'mlp_1/linear_0',
+             'mlp_1/linear_1'}
+  saved = {r.module_path for r in report.residuals}
+  at_peak = {b.module_path for b in live_at_peak(report, compile_costs(loss_fn, *args))}
+  assert {'mlp/linear_0', 'mlp_1/linear_0'} <= saved <= modules
+  assert at_peak <= modules and len(at_peak - {''}) >= 2

@@ -28,10 +28,12 @@ _LEAF_WRAPPERS = ('value', 'raw_value')
 # ``params`` argument alone give it.
 _COLLECTIONS = ('params', 'batch_stats', 'cache', 'intermediates')
 # Haiku names a parameter by its module path in one key
-# (``params['__layer_stack_no_per_layer/block/query']['w']``), where
-# ``hk.layer_stack`` adds a module of its own that the model never names
-# (its name stack does not hold it either).
-_WRAPPER_MODULES = ('__layer_stack_no_per_layer', '__layer_stack_with_per_layer')
+# (``params['__layer_stack_no_per_layer/block/query']['w']``), with parts
+# its name stack, and so XLA's program, does not hold: the module
+# ``hk.layer_stack`` adds, which the model never names, and the ``~`` that
+# marks a module made inside its parent's method (``mlp/~/linear_0`` is
+# ``mlp/linear_0`` in the name stack).
+_WRAPPER_MODULES = ('__layer_stack_no_per_layer', '__layer_stack_with_per_layer', '~')
 
 
 def path_components(arg_name: str) -> tuple[str, ...]:

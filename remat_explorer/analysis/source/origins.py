@@ -331,10 +331,11 @@ def entry_function(call_eqn, body) -> str | None:
   for eqn in body.eqns:
     inside = [f for f in user_frames(eqn.source_info.traceback) if f not in outside]
     # A lambda has no name to give (``hk.remat(lambda x: Block()(x))``):
-    # the function it calls names the block.
+    # the function it calls names the block, or the library's module it
+    # calls (``hk.remat(lambda x: hk.nets.MLP(...)(x))`` is ``MLP``).
     named = next((f for f in inside if not f[2].endswith('<lambda>')), None)
     if inside:
-      frame = named or inside[0]
+      frame = named or _method_called_from(eqn, inside[-1]) or inside[0]
       counts[frame[2]] = counts.get(frame[2], 0) + 1
   if not counts:
     # A body that only runs a library's loop (Flax's ``nn.remat_scan``, a
@@ -342,6 +343,14 @@ def entry_function(call_eqn, body) -> str | None:
     return next((name for eqn in body.eqns for sub in jaxprs_in_params(eqn.params)
                  if (name := entry_function(call_eqn, sub)) is not None), None)
   return display_name(max(counts, key=counts.get))
+
+
+def _method_called_from(eqn, caller: Frame) -> Frame | None:
+  """The first method call below `caller` on the way to `eqn`, a
+  library's included (JAX's aside)."""
+  frames = frames_of(eqn.source_info.traceback)
+  below = frames[frames.index(caller) + 1:] if caller in frames else ()
+  return next((f for f in below if is_method(f[2]) and not is_jax_file(f[0])), None)
 
 
 def display_name(qualname: str) -> str:
