@@ -92,6 +92,22 @@ class LinenRematScanModel(nn.Module):
     return jnp.mean(stack(name='stack')(x) ** 2)
 
 
+class LinenUnrolledModel(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    for i in range(3):
+      x = nn.remat(LinenMlpBlock)(name=f'block{i}')(x)
+    return jnp.mean(x ** 2)
+
+
+def linen_unrolled(batch=4, seq=16, width=32):
+  """Three ``nn.remat``ed blocks in a Python loop, unrolled."""
+  model = LinenUnrolledModel()
+  x = jax.random.normal(jax.random.key(11), (batch, seq, width))
+  params = model.init(jax.random.key(12), x)['params']
+  return lambda params, x: model.apply({'params': params}, x), (params, x)
+
+
 def linen_remat_scan(batch=4, seq=16, width=32):
   """Flax's own ``nn.remat_scan``: six blocks as two remat'ed steps of a
   scan over three."""
