@@ -100,21 +100,23 @@ class LinenUnrolledModel(nn.Module):
     return jnp.mean(x ** 2)
 
 
+def _linen_on_activations(model, batch, seq, width, seed):
+  """A Linen model of activations, as ``(loss_fn, (params, x))``: x drawn
+  from key `seed`, parameters from key `seed` + 1."""
+  x = jax.random.normal(jax.random.key(seed), (batch, seq, width))
+  params = model.init(jax.random.key(seed + 1), x)['params']
+  return lambda params, x: model.apply({'params': params}, x), (params, x)
+
+
 def linen_unrolled(batch=4, seq=16, width=32):
   """Three ``nn.remat``ed blocks in a Python loop, unrolled."""
-  model = LinenUnrolledModel()
-  x = jax.random.normal(jax.random.key(11), (batch, seq, width))
-  params = model.init(jax.random.key(12), x)['params']
-  return lambda params, x: model.apply({'params': params}, x), (params, x)
+  return _linen_on_activations(LinenUnrolledModel(), batch, seq, width, seed=11)
 
 
 def linen_remat_scan(batch=4, seq=16, width=32):
   """Flax's own ``nn.remat_scan``: six blocks as two remat'ed steps of a
   scan over three."""
-  model = LinenRematScanModel()
-  x = jax.random.normal(jax.random.key(7), (batch, seq, width))
-  params = model.init(jax.random.key(8), x)['params']
-  return lambda params, x: model.apply({'params': params}, x), (params, x)
+  return _linen_on_activations(LinenRematScanModel(), batch, seq, width, seed=7)
 
 
 # A Griffin-style recurrent LM (recurrentgemma's shape, written here): each
