@@ -749,3 +749,24 @@ def test_compiles_for_figures_keep_no_program_once_read(monkeypatch):
   assert len(made) >= 3 and not any(row.failed for row in table.rows) and not costs.failed
   kept = [(lowered() is not None, compiled() is not None) for lowered, compiled in made]
   assert kept == [(False, False)] * len(made), kept
+
+
+def test_freed_memory_is_given_back_once_the_process_has_grown():
+  """After a compile is read, the heaps' free pages go back to the system
+  when the process grew by `WORTH_GIVING_BACK` since they last did (a large
+  program's compile), and are left alone otherwise (a small one's, whose
+  pages the next compile would fault in again)."""
+  from remat_explorer.analysis import freed_memory
+  freed_memory.give_back_freed_memory()  # what earlier tests left
+  assert not freed_memory.give_back_freed_memory()  # nothing grew since
+  # About 300 MiB in blocks under glibc's mmap threshold (its heaps, as a
+  # compile's many small buffers are), every other one freed: free pages
+  # amid used ones, which glibc keeps for reuse unless trimmed.
+  blocks = [b'\1' * 100_000 for _ in range(3_000)]  # written, so resident
+  kept = blocks[1::2]
+  del blocks
+  grown = freed_memory.resident_bytes()
+  assert freed_memory.give_back_freed_memory()
+  assert grown - freed_memory.resident_bytes() >= 100 << 20
+  assert not freed_memory.give_back_freed_memory()
+  del kept
