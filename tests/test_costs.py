@@ -770,3 +770,24 @@ def test_freed_memory_is_given_back_once_the_process_has_grown():
   assert grown - freed_memory.resident_bytes() >= 100 << 20
   assert not freed_memory.give_back_freed_memory()
   del kept
+
+
+def test_a_comparison_with_runs_compiles_each_row_once():
+  """``compare(repeats=...)`` times each row's runs on the executable its
+  figures came from: as many compiles as the comparison without runs, and
+  the same figures."""
+  from remat_explorer.analysis.context import compiles_run
+  program, args = _mlp(seed=4)
+  policies = ['nothing_saveable', 'dots_saveable']
+  rx.clear_caches()
+  before = compiles_run()
+  timed = compare(program, *args, policies=policies, repeats=2)
+  compiles_timed = compiles_run() - before
+  rx.clear_caches()
+  before = compiles_run()
+  untimed = compare(program, *args, policies=policies)
+  assert compiles_timed == compiles_run() - before >= 3
+  assert all(r.run_seconds > 0 for r in timed.rows), [r.run_seconds for r in timed.rows]
+  assert all(r.run_seconds is None for r in untimed.rows)
+  assert ([(r.label, r.peak_bytes, r.compiled_flops) for r in timed.rows]
+          == [(r.label, r.peak_bytes, r.compiled_flops) for r in untimed.rows])

@@ -167,7 +167,8 @@ def _run(jobs: dict[str, tuple], args, common, parallel, progress, repeats,
   lands."""
   workers = max(1, min(parallel or COMPILES_AT_ONCE, len(jobs)))
   with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-    pipeline = _Pipeline(pool, jobs, args, common, progress, suggest_lowering)
+    pipeline = _Pipeline(pool, jobs, args, common, progress, suggest_lowering,
+                         for_running=bool(repeats))
     try:
       pipeline.start_compiles()
       pipeline.analyze_while_compiling()
@@ -182,10 +183,12 @@ class _Pipeline:
   """The compiles and analyses of one comparison, and what has landed.
   Where XLA merged a row's recompute away and `suggest_lowering`, the same
   policy under ``KEEPS_RECOMPUTE`` is handed to the workers as soon as the
-  row lands (``PolicyRow.kept_recompute``)."""
+  row lands (``PolicyRow.kept_recompute``). Rows to be run (`for_running`)
+  are compiled in full, once: their runs are timed on those compiles."""
 
-  def __init__(self, pool, jobs, args, common, progress, suggest_lowering):
+  def __init__(self, pool, jobs, args, common, progress, suggest_lowering, for_running):
     self.pool, self.jobs, self.args, self.common = pool, jobs, args, common
+    self.for_running = for_running
     self.progress = progress
     lowering = common.get('lowering') or DEFAULT_LOWERING
     self.suggest = suggest_lowering and lowering not in (KEEPS_RECOMPUTE, 'while')
@@ -199,6 +202,7 @@ class _Pipeline:
     for label, (fn, policy) in self.jobs.items():
       try:
         self.pending[label] = start_compile_costs(self.pool, fn, *self.args, policy=policy,
+                                                  for_running=self.for_running,
                                                   **self.common)
       except Exception as e:
         self._fail(label, fn, e)
@@ -240,7 +244,7 @@ class _Pipeline:
 
   def rows(self, repeats) -> list[PolicyRow]:
     """The rows in the jobs' order; with `repeats`, each compiled row's runs
-    timed (its executable cached: nothing compiles again)."""
+    timed on the executable compiled for it (nothing compiles again)."""
     rows = []
     for label, (fn, policy) in self.jobs.items():
       if label in self.failed:

@@ -45,8 +45,8 @@ from remat_explorer.analysis.xla.timeline import memory_timeline
 
 
 _cache = ResultCache(max_entries=32)
-"""(costs, executable) by problem and setting: the executable is kept to time
-its runs when asked, without compiling again."""
+"""(costs, runnable) by problem and setting: a step compiled to run keeps its
+executable until its runs are timed, so that it is not compiled again."""
 
 # What an analysis compile changes, by platform. On the CPU, the backend's
 # optimization level only affects the machine code LLVM makes from the
@@ -121,6 +121,8 @@ def compile_costs(f, *args, policy: PolicyChoice = None, lowering: str | None = 
       executable = pending.compiled_to_run()
     timed = with_run_times(costs, executable, pending.leaves, repeats, pending.donated)
     _timed.put(timed_key, timed)
+    # Timed: the executable is not kept (other runs compile it again).
+    _cache.put(pending.key, (costs, lambda: None))
   return timed
 
 
@@ -130,21 +132,23 @@ _timed = ResultCache(max_entries=64)
 def start_compile_costs(executor, f, *args, policy: PolicyChoice = None,
                         lowering: str | None = None, argnums=0, has_aux: bool = False,
                         whole_function: bool = False, donate_argnums=(),
-                        compiler_options: dict | None = None,
+                        compiler_options: dict | None = None, for_running: bool = False,
                         **kwargs) -> 'PendingCosts':
   """``compile_costs`` (without run times) with XLA's compile handed to
   `executor` (a ``concurrent.futures.Executor``): the step is traced and
   lowered on the calling thread, XLA compiles on the executor's thread
   without Python's lock, and ``PendingCosts.result()`` reads the compiled
   program. So a caller keeps its own thread busy (tracing the next step,
-  analyzing) while XLA compiles."""
+  analyzing) while XLA compiles. With `for_running` the compile is a full
+  one, kept until a ``compile_costs`` with runs times it, so that the step
+  is not compiled again to run."""
   check_keywords(compile_costs, f, kwargs, policy=policy, lowering=lowering,
                  argnums=argnums, has_aux=has_aux, whole_function=whole_function,
                  donate_argnums=donate_argnums, compiler_options=compiler_options)
   return _start(f, args, kwargs, policy=policy, lowering=lowering, argnums=argnums,
                 has_aux=has_aux, whole_function=whole_function,
                 donate_argnums=donate_argnums, compiler_options=compiler_options,
-                for_running=False, executor=executor)
+                for_running=for_running, executor=executor)
 
 
 class PendingCosts:
