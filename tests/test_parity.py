@@ -140,6 +140,15 @@ def _policy_questions():
   ]
 
 
+def test_policy_aliases_are_the_policies_they_name():
+  """JAX's two aliases are its policies themselves, and ours are too: the
+  parity matrix runs each policy once, under its own name."""
+  for policies in (rx.checkpoint_policies, jax.checkpoint_policies):
+    assert policies.checkpoint_dots is policies.dots_saveable
+    assert (policies.checkpoint_dots_with_no_batch_dims
+            is policies.dots_with_no_batch_dims_saveable)
+
+
 @pytest.mark.parametrize('policy_id', [p for p in POLICIES if p != 'none'])
 def test_policies_answer_like_jaxs_on_each_kind_of_equation(policy_id):
   ours, theirs = POLICIES[policy_id]
