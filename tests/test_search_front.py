@@ -46,4 +46,7 @@ def test_mlp_search_is_never_dominated():
 @pytest.mark.parametrize('build', ['linen_transformer', 'nnx_transformer'])
 def test_framework_search_is_never_dominated(build):
   loss_fn, args = getattr(framework_models, build)(batch=2, seq=8)
-  _check_never_dominated(loss_fn, args, [0.0, 1.0], lowering='cond')
+  # The MLP's test searches at the extremes too; a framework's program at
+  # half of its peak without remat, where some candidates fit and some do
+  # not (the answer on both models is dots_saveable).
+  _check_never_dominated(loss_fn, args, [0.5], lowering='cond')
