@@ -772,17 +772,29 @@ def test_freed_memory_is_given_back_once_the_process_has_grown():
   del kept
 
 
-def test_a_comparison_with_runs_compiles_each_row_once():
+def test_a_comparison_with_runs_compiles_each_row_once(monkeypatch):
   """``compare(repeats=...)`` times each row's runs on the executable its
   figures came from: as many compiles as the comparison without runs, and
-  the same figures."""
+  the same figures; no executable is kept once timed."""
+  import gc
+  import weakref
   from remat_explorer.analysis.context import compiles_run
+  made = []
+  compile_lowered = jax.stages.Lowered.compile
+
+  def recorded(self, *args, **kwargs):
+    compiled = compile_lowered(self, *args, **kwargs)
+    made.append(weakref.ref(compiled))
+    return compiled
+  monkeypatch.setattr(jax.stages.Lowered, 'compile', recorded)
   program, args = _mlp(seed=4)
   policies = ['nothing_saveable', 'dots_saveable']
   rx.clear_caches()
   before = compiles_run()
   timed = compare(program, *args, policies=policies, repeats=2)
   compiles_timed = compiles_run() - before
+  gc.collect()
+  assert len(made) == compiles_timed and not any(ref() is not None for ref in made)
   rx.clear_caches()
   before = compiles_run()
   untimed = compare(program, *args, policies=policies)
@@ -791,3 +803,9 @@ def test_a_comparison_with_runs_compiles_each_row_once():
   assert all(r.run_seconds is None for r in untimed.rows)
   assert ([(r.label, r.peak_bytes, r.compiled_flops) for r in timed.rows]
           == [(r.label, r.peak_bytes, r.compiled_flops) for r in untimed.rows])
+  # compile_costs with runs, alone: one compile, not kept once timed.
+  made.clear()
+  before = compiles_run()
+  assert compile_costs(program, *args, policy=cp.everything_saveable, repeats=2).run_seconds > 0
+  gc.collect()
+  assert compiles_run() - before == len(made) == 1 and made[0]() is None

@@ -14,7 +14,7 @@ import dataclasses
 from typing import Any, Callable, Mapping, Sequence
 
 from remat_explorer.analysis.split.analyze import analyze
-from remat_explorer.analysis.xla.compiled import compile_costs, start_compile_costs
+from remat_explorer.analysis.xla.compiled import start_compile_costs, timed_costs
 from remat_explorer.analysis.full_collections import full_collections_held_off
 from remat_explorer.analysis.program.keywords import check_keywords, entry_point
 from remat_explorer.analysis.tradeoffs.row_warnings import with_warnings
@@ -245,20 +245,24 @@ class _Pipeline:
   def rows(self, repeats) -> list[PolicyRow]:
     """The rows in the jobs' order; with `repeats`, each compiled row's runs
     timed on the executable compiled for it (nothing compiles again)."""
-    rows = []
+    rows, timed = [], []
     for label, (fn, policy) in self.jobs.items():
       if label in self.failed:
         rows.append(policy_row(label, policy, None, self.failed[label]))
         continue
       row_costs = self.costs[label]
       if repeats and not row_costs.failed:
-        row_costs = compile_costs(fn, *self.args, policy=policy, repeats=repeats,
-                                  **self.common)
+        # Rows that share a program share its executable: dropped once all
+        # are timed.
+        row_costs = timed_costs(self.pending[label], repeats, keep_executable=True)
+        timed.append(self.pending[label])
       row = policy_row(label, policy, self.reports[label], row_costs)
       if (found := self.kept.get(label)) is not None and not found.failed:
         row = dataclasses.replace(row, kept_recompute=KeptRecompute(
             KEEPS_RECOMPUTE, found.peak_bytes, found.executed_flops))
       rows.append(row)
+    for pending in timed:
+      pending.entry()[1].drop()
     return rows
 
   # -- what each landing does --------------------------------------------------------

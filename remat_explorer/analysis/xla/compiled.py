@@ -48,6 +48,25 @@ _cache = ResultCache(max_entries=32)
 """(costs, runnable) by problem and setting: a step compiled to run keeps its
 executable until its runs are timed, so that it is not compiled again."""
 
+
+class Runnable:
+  """The executable a compile made to be run, until it is timed and
+  dropped; calling it gives the executable, or None (a compile for figures
+  only, a refused program, or one dropped)."""
+
+  def __init__(self, executable=None):
+    self._executable = executable
+
+  def __call__(self):
+    return self._executable
+
+  def drop(self) -> None:
+    self._executable = None
+
+
+def nothing_to_run() -> Runnable:
+  return Runnable(None)
+
 # What an analysis compile changes, by platform. On the CPU, the backend's
 # optimization level only affects the machine code LLVM makes from the
 # optimized HLO: the HLO, its schedule, the buffer assignment and so every
@@ -108,11 +127,19 @@ def compile_costs(f, *args, policy: PolicyChoice = None, lowering: str | None = 
                    has_aux=has_aux, whole_function=whole_function,
                    donate_argnums=donate_argnums, compiler_options=compiler_options,
                    for_running=repeats > 0, executor=None)
+  return timed_costs(pending, repeats)
+
+
+def timed_costs(pending: 'PendingCosts', repeats: int, *,
+                keep_executable: bool = False) -> CompiledCosts:
+  """`pending`'s figures, with the median time of `repeats` runs. Timed once
+  per number of runs, on the executable compiled for the figures where it
+  was compiled to run, else on one compiled in full now. That executable is
+  then dropped, unless `keep_executable` (a comparison's rows may share one
+  program: it drops theirs once all are timed, with ``Runnable.drop``)."""
   costs, runnable = pending.entry()
   if not repeats or costs.failed:
     return costs
-  # Timed once per number of runs, with the executable compiled above (or,
-  # where the figures came from an analysis compile, one compiled in full).
   timed_key = None if pending.key is None else (pending.key, repeats)
   timed = _timed.get(timed_key)
   if timed is None:
@@ -121,8 +148,8 @@ def compile_costs(f, *args, policy: PolicyChoice = None, lowering: str | None = 
       executable = pending.compiled_to_run()
     timed = with_run_times(costs, executable, pending.leaves, repeats, pending.donated)
     _timed.put(timed_key, timed)
-    # Timed: the executable is not kept (other runs compile it again).
-    _cache.put(pending.key, (costs, lambda: None))
+  if not keep_executable:
+    runnable.drop()
   return timed
 
 
@@ -327,7 +354,7 @@ class _StepCompile:
 
   def finish(self):
     """(CompiledCosts, `runnable`), read from the compiled program once XLA
-    is done: ``runnable()`` gives an executable to run (None if XLA refused
+    is done: ``runnable()`` (a ``Runnable``) gives an executable to run (None if XLA refused
     the program, whose ``CompiledCosts`` is then a failed one). Read once,
     for every step of this program (``_SameProgram``); the lowered program
     and the executable are then dropped, but for what `runnable` needs."""
@@ -349,7 +376,7 @@ class _StepCompile:
         raise
       return CompiledCosts(**common, failed=True, error=f'{type(e).__name__}: {e}',
                            lower_seconds=lower_seconds,
-                           notes=tuple(notes)), lambda: None
+                           notes=tuple(notes)), nothing_to_run()
     memory = compiled.memory_analysis()
     memory_numbers, buffer_assignment = _memory_analysis_fields(memory)
     cost = _cost_analysis(compiled)
@@ -422,8 +449,8 @@ class _StepCompile:
     # program to compile later held 1.3 GiB per policy of recurrentgemma's
     # Griffin, in the caches, for nothing.
     if engine.is_compile_only(self.device) or analysis:
-      return costs, lambda: None
-    return costs, lambda: compiled
+      return costs, nothing_to_run()
+    return costs, Runnable(compiled)
 
 
 class _SameProgram:
