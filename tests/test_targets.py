@@ -181,7 +181,7 @@ def test_executed_flops_count_every_trip_of_every_loop(target):
   Gradients of both arguments, so the unrolled form drops no work the loop
   must do (the first layer's input gradient)."""
   mesh = rx.target_mesh(target)
-  w, x = _stack(mesh, layers=6, seed=3)
+  w, x = _stack(mesh, layers=3, seed=3)
   rolled = rx.compile_costs(_loss(), w, x, argnums=(0, 1))
   unrolled = rx.compile_costs(_loss(unroll=True), w, x, argnums=(0, 1))
   assert rolled.loops_of_unknown_trip_count == 0
@@ -191,7 +191,7 @@ def test_executed_flops_count_every_trip_of_every_loop(target):
     reference = xla['flops']
     hand_rolled = _by_hand(_loss(), w, x, argnums=(0, 1)).cost_analysis()['flops']
     assert rolled.xla_flops == hand_rolled  # each loop body once, as XLA counts
-    assert rolled.executed_flops > 5 * hand_rolled  # six trips of the bodies
+    assert rolled.executed_flops > 2 * hand_rolled  # three trips of the bodies
   else:
     assert not xla  # what makes counting from the module necessary
     reference = unrolled.executed_flops
@@ -295,10 +295,11 @@ def test_what_is_live_at_the_peak_is_named_on_the_target(tpu_transformer):
             if b.opcode in ('copy-start', 'all-reduce-start', 'all-gather-start')]
   if copies:  # where XLA moves data in the background at the peak, it says so
     assert 'asynchronous' in labels or 'collective' in labels
-  rows = rx.compare(loss, *args, policies={
-      'nothing_saveable': rx.checkpoint_policies.nothing_saveable,
-      'dots_saveable': rx.checkpoint_policies.dots_saveable})
+  # A comparison's rows are the target's too (the program as written is
+  # the one compiled above; one policy beside it).
+  rows = rx.compare(loss, *args, policies=['dots_saveable'], include_no_remat=False)
   assert rows.platform == 'tpu' and rows.device_kind == 'TPU v5 lite'
+  assert len(rows.rows) == 2
   for row in rows.rows:
     assert row.costs.platform == 'tpu' and row.costs.device_memory_bytes == 16 * GIB
 
