@@ -14,7 +14,8 @@ import dataclasses
 from typing import Any, Callable, Mapping, Sequence
 
 from remat_explorer.analysis.split.analyze import analyze
-from remat_explorer.analysis.xla.compiled import start_compile_costs, timed_costs
+from remat_explorer.analysis.xla.compiled import start_compile_costs
+from remat_explorer.analysis.xla.run_times import timed_costs
 from remat_explorer.analysis.full_collections import full_collections_held_off
 from remat_explorer.analysis.program.keywords import check_keywords, entry_point
 from remat_explorer.analysis.tradeoffs.row_warnings import with_warnings

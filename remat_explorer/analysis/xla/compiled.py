@@ -39,7 +39,7 @@ from remat_explorer.analysis.targets.device_memory import device_memory_bytes
 from remat_explorer.analysis.xla.xla_dump import XlaDump
 from remat_explorer.analysis.xla.executed_flops import executed_flops
 from remat_explorer.analysis.xla.hlo import count_matmuls_lowered
-from remat_explorer.analysis.xla.run_times import with_run_times
+from remat_explorer.analysis.xla.run_times import Runnable, nothing_to_run, timed_costs
 from remat_explorer.analysis.xla.reader import read_compiled
 from remat_explorer.analysis.xla.timeline import memory_timeline
 
@@ -48,24 +48,6 @@ _cache = ResultCache(max_entries=32)
 """(costs, runnable) by problem and setting: a step compiled to run keeps its
 executable until its runs are timed, so that it is not compiled again."""
 
-
-class Runnable:
-  """The executable a compile made to be run, until it is timed and
-  dropped; calling it gives the executable, or None (a compile for figures
-  only, a refused program, or one dropped)."""
-
-  def __init__(self, executable=None):
-    self._executable = executable
-
-  def __call__(self):
-    return self._executable
-
-  def drop(self) -> None:
-    self._executable = None
-
-
-def nothing_to_run() -> Runnable:
-  return Runnable(None)
 
 # What an analysis compile changes, by platform. On the CPU, the backend's
 # optimization level only affects the machine code LLVM makes from the
@@ -128,32 +110,6 @@ def compile_costs(f, *args, policy: PolicyChoice = None, lowering: str | None = 
                    donate_argnums=donate_argnums, compiler_options=compiler_options,
                    for_running=repeats > 0, executor=None)
   return timed_costs(pending, repeats)
-
-
-def timed_costs(pending: 'PendingCosts', repeats: int, *,
-                keep_executable: bool = False) -> CompiledCosts:
-  """`pending`'s figures, with the median time of `repeats` runs. Timed once
-  per number of runs, on the executable compiled for the figures where it
-  was compiled to run, else on one compiled in full now. That executable is
-  then dropped, unless `keep_executable` (a comparison's rows may share one
-  program: it drops theirs once all are timed, with ``Runnable.drop``)."""
-  costs, runnable = pending.entry()
-  if not repeats or costs.failed:
-    return costs
-  timed_key = None if pending.key is None else (pending.key, repeats)
-  timed = _timed.get(timed_key)
-  if timed is None:
-    executable = runnable()
-    if executable is None:  # figures of an analysis compile, which keeps nothing to run
-      executable = pending.compiled_to_run()
-    timed = with_run_times(costs, executable, pending.leaves, repeats, pending.donated)
-    _timed.put(timed_key, timed)
-  if not keep_executable:
-    runnable.drop()
-  return timed
-
-
-_timed = ResultCache(max_entries=64)
 
 
 def start_compile_costs(executor, f, *args, policy: PolicyChoice = None,
@@ -354,10 +310,11 @@ class _StepCompile:
 
   def finish(self):
     """(CompiledCosts, `runnable`), read from the compiled program once XLA
-    is done: ``runnable()`` (a ``Runnable``) gives an executable to run (None if XLA refused
-    the program, whose ``CompiledCosts`` is then a failed one). Read once,
-    for every step of this program (``_SameProgram``); the lowered program
-    and the executable are then dropped, but for what `runnable` needs."""
+    is done: `runnable` (a ``Runnable``) gives an executable to run, or None
+    (an analysis compile, or XLA refused the program, whose
+    ``CompiledCosts`` is then a failed one). Read once, for every step of
+    this program (``_SameProgram``); the lowered program is then dropped,
+    and the executable too but for what `runnable` holds until timed."""
     with self._lock:
       if self._finished is None:
         self._finished = self._read()

@@ -1,6 +1,6 @@
 """The compiled step run: its median time over repeated runs, and the
 device's measured peak where the device reports one (``compile_costs``
-with ``repeats``)."""
+with ``repeats``), on an executable kept only until it is timed."""
 
 from __future__ import annotations
 
@@ -10,7 +10,54 @@ import time
 
 import jax
 
+from remat_explorer.analysis.cache import ResultCache
 from remat_explorer.analysis.xla.costs import CompiledCosts
+
+
+class Runnable:
+  """The executable a compile made to be run, until it is timed and
+  dropped; calling it gives the executable, or None (a compile for figures
+  only, a refused program, or one dropped)."""
+
+  def __init__(self, executable=None):
+    self._executable = executable
+
+  def __call__(self):
+    return self._executable
+
+  def drop(self) -> None:
+    self._executable = None
+
+
+def nothing_to_run() -> Runnable:
+  return Runnable(None)
+
+
+def timed_costs(pending, repeats: int, *,
+                keep_executable: bool = False) -> CompiledCosts:
+  """The figures of `pending` (a ``PendingCosts``), with the median time of
+  `repeats` runs. Timed once per number of runs, on the executable compiled
+  for the figures where it was compiled to run, else on one compiled in full
+  now. That executable is then dropped, unless `keep_executable` (a
+  comparison's rows may share one program: it drops theirs once all are
+  timed, with ``Runnable.drop``)."""
+  costs, runnable = pending.entry()
+  if not repeats or costs.failed:
+    return costs
+  timed_key = None if pending.key is None else (pending.key, repeats)
+  timed = _timed.get(timed_key)
+  if timed is None:
+    executable = runnable()
+    if executable is None:  # figures of an analysis compile, which keeps nothing to run
+      executable = pending.compiled_to_run()
+    timed = with_run_times(costs, executable, pending.leaves, repeats, pending.donated)
+    _timed.put(timed_key, timed)
+  if not keep_executable:
+    runnable.drop()
+  return timed
+
+
+_timed = ResultCache(max_entries=64)
 
 
 def with_run_times(costs: CompiledCosts, compiled, leaves, repeats: int,
