@@ -168,8 +168,7 @@ def _run(jobs: dict[str, tuple], args, common, parallel, progress, repeats,
   lands."""
   workers = max(1, min(parallel or COMPILES_AT_ONCE, len(jobs)))
   with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-    pipeline = _Pipeline(pool, jobs, args, common, progress, suggest_lowering,
-                         for_running=bool(repeats))
+    pipeline = _Pipeline(pool, jobs, args, common, progress, suggest_lowering, repeats)
     try:
       pipeline.start_compiles()
       pipeline.analyze_while_compiling()
@@ -177,19 +176,19 @@ def _run(jobs: dict[str, tuple], args, common, parallel, progress, repeats,
     except BaseException:
       pipeline.cancel()
       raise
-  return pipeline.rows(repeats)
+  return pipeline.rows()
 
 
 class _Pipeline:
   """The compiles and analyses of one comparison, and what has landed.
   Where XLA merged a row's recompute away and `suggest_lowering`, the same
   policy under ``KEEPS_RECOMPUTE`` is handed to the workers as soon as the
-  row lands (``PolicyRow.kept_recompute``). Rows to be run (`for_running`)
-  are compiled in full, once: their runs are timed on those compiles."""
+  row lands (``PolicyRow.kept_recompute``). Rows to be run (`repeats`) are
+  compiled in full, once: their runs are timed on those compiles."""
 
-  def __init__(self, pool, jobs, args, common, progress, suggest_lowering, for_running):
+  def __init__(self, pool, jobs, args, common, progress, suggest_lowering, repeats):
     self.pool, self.jobs, self.args, self.common = pool, jobs, args, common
-    self.for_running = for_running
+    self.repeats = repeats
     self.progress = progress
     lowering = common.get('lowering') or DEFAULT_LOWERING
     self.suggest = suggest_lowering and lowering not in (KEEPS_RECOMPUTE, 'while')
@@ -203,7 +202,7 @@ class _Pipeline:
     for label, (fn, policy) in self.jobs.items():
       try:
         self.pending[label] = start_compile_costs(self.pool, fn, *self.args, policy=policy,
-                                                  for_running=self.for_running,
+                                                  for_running=self.repeats > 0,
                                                   **self.common)
       except Exception as e:
         self._fail(label, fn, e)
@@ -243,19 +242,19 @@ class _Pipeline:
     for p in self.pending.values():
       p.compiled.cancel()
 
-  def rows(self, repeats) -> list[PolicyRow]:
+  def rows(self) -> list[PolicyRow]:
     """The rows in the jobs' order; with `repeats`, each compiled row's runs
     timed on the executable compiled for it (nothing compiles again)."""
     rows, timed = [], []
-    for label, (fn, policy) in self.jobs.items():
+    for label, (_, policy) in self.jobs.items():
       if label in self.failed:
         rows.append(policy_row(label, policy, None, self.failed[label]))
         continue
       row_costs = self.costs[label]
-      if repeats and not row_costs.failed:
+      if self.repeats and not row_costs.failed:
         # Rows that share a program share its executable: dropped once all
         # are timed.
-        row_costs = timed_costs(self.pending[label], repeats, keep_executable=True)
+        row_costs = timed_costs(self.pending[label], self.repeats, keep_executable=True)
         timed.append(self.pending[label])
       row = policy_row(label, policy, self.reports[label], row_costs)
       if (found := self.kept.get(label)) is not None and not found.failed:

@@ -39,7 +39,7 @@ from remat_explorer.analysis.targets.device_memory import device_memory_bytes
 from remat_explorer.analysis.xla.xla_dump import XlaDump
 from remat_explorer.analysis.xla.executed_flops import executed_flops
 from remat_explorer.analysis.xla.hlo import count_matmuls_lowered
-from remat_explorer.analysis.xla.run_times import Runnable, nothing_to_run, timed_costs
+from remat_explorer.analysis.xla.run_times import Runnable, timed_costs
 from remat_explorer.analysis.xla.reader import read_compiled
 from remat_explorer.analysis.xla.timeline import memory_timeline
 
@@ -123,7 +123,7 @@ def start_compile_costs(executor, f, *args, policy: PolicyChoice = None,
   without Python's lock, and ``PendingCosts.result()`` reads the compiled
   program. So a caller keeps its own thread busy (tracing the next step,
   analyzing) while XLA compiles. With `for_running` the compile is a full
-  one, kept until a ``compile_costs`` with runs times it, so that the step
+  one, its executable kept until ``timed_costs`` times it, so that the step
   is not compiled again to run."""
   check_keywords(compile_costs, f, kwargs, policy=policy, lowering=lowering,
                  argnums=argnums, has_aux=has_aux, whole_function=whole_function,
@@ -333,7 +333,7 @@ class _StepCompile:
         raise
       return CompiledCosts(**common, failed=True, error=f'{type(e).__name__}: {e}',
                            lower_seconds=lower_seconds,
-                           notes=tuple(notes)), nothing_to_run()
+                           notes=tuple(notes)), Runnable()
     memory = compiled.memory_analysis()
     memory_numbers, buffer_assignment = _memory_analysis_fields(memory)
     cost = _cost_analysis(compiled)
@@ -406,7 +406,7 @@ class _StepCompile:
     # program to compile later held 1.3 GiB per policy of recurrentgemma's
     # Griffin, in the caches, for nothing.
     if engine.is_compile_only(self.device) or analysis:
-      return costs, nothing_to_run()
+      return costs, Runnable()
     return costs, Runnable(compiled)
 
 

@@ -29,10 +29,6 @@ class Runnable:
     self._executable = None
 
 
-def nothing_to_run() -> Runnable:
-  return Runnable(None)
-
-
 def timed_costs(pending, repeats: int, *,
                 keep_executable: bool = False) -> CompiledCosts:
   """The figures of `pending` (a ``PendingCosts``), with the median time of
