@@ -727,11 +727,9 @@ def test_a_loss_that_closes_over_a_ref_compiles_as_by_hand():
   np.testing.assert_array_equal(np.asarray(x_ref[...]), before)
 
 
-def test_compiles_for_figures_keep_no_program_once_read(monkeypatch):
-  """``compare``, the search and ``compile_costs`` without runs keep XLA's
-  figures of each compile, not the compiled or the lowered program (for
-  recurrentgemma's Griffin, 1.3 GiB a policy, held in the caches)."""
-  import gc
+def _recorded_compiles(monkeypatch) -> list:
+  """(lowered, compiled), as weak references, for every ``Lowered.compile``
+  from here on."""
   import weakref
   made = []
   compile_lowered = jax.stages.Lowered.compile
@@ -741,6 +739,15 @@ def test_compiles_for_figures_keep_no_program_once_read(monkeypatch):
     made.append((weakref.ref(self), weakref.ref(compiled)))
     return compiled
   monkeypatch.setattr(jax.stages.Lowered, 'compile', recorded)
+  return made
+
+
+def test_compiles_for_figures_keep_no_program_once_read(monkeypatch):
+  """``compare``, the search and ``compile_costs`` without runs keep XLA's
+  figures of each compile, not the compiled or the lowered program (for
+  recurrentgemma's Griffin, 1.3 GiB a policy, held in the caches)."""
+  import gc
+  made = _recorded_compiles(monkeypatch)
   loss_fn, args = examples.mlp(num_layers=3, width=32, batch=8, seed=13)
   rx.clear_caches()
   table = compare(loss_fn, *args, policies=['nothing_saveable', 'dots_saveable'])
@@ -777,16 +784,8 @@ def test_a_comparison_with_runs_compiles_each_row_once(monkeypatch):
   figures came from: as many compiles as the comparison without runs, and
   the same figures; no executable is kept once timed."""
   import gc
-  import weakref
   from remat_explorer.analysis.context import compiles_run
-  made = []
-  compile_lowered = jax.stages.Lowered.compile
-
-  def recorded(self, *args, **kwargs):
-    compiled = compile_lowered(self, *args, **kwargs)
-    made.append(weakref.ref(compiled))
-    return compiled
-  monkeypatch.setattr(jax.stages.Lowered, 'compile', recorded)
+  made = _recorded_compiles(monkeypatch)
   program, args = _mlp(seed=4)
   policies = ['nothing_saveable', 'dots_saveable']
   rx.clear_caches()
@@ -794,7 +793,7 @@ def test_a_comparison_with_runs_compiles_each_row_once(monkeypatch):
   timed = compare(program, *args, policies=policies, repeats=2)
   compiles_timed = compiles_run() - before
   gc.collect()
-  assert len(made) == compiles_timed and not any(ref() is not None for ref in made)
+  assert len(made) == compiles_timed and not any(compiled() is not None for _, compiled in made)
   rx.clear_caches()
   before = compiles_run()
   untimed = compare(program, *args, policies=policies)
@@ -808,4 +807,4 @@ def test_a_comparison_with_runs_compiles_each_row_once(monkeypatch):
   before = compiles_run()
   assert compile_costs(program, *args, policy=cp.everything_saveable, repeats=2).run_seconds > 0
   gc.collect()
-  assert compiles_run() - before == len(made) == 1 and made[0]() is None
+  assert compiles_run() - before == len(made) == 1 and made[0][1]() is None
