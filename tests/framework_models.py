@@ -330,6 +330,7 @@ def equinox_transformer(batch=4, seq=16, remat=True):
     return optax.softmax_cross_entropy_with_integer_labels(logits, tokens).mean()
   return loss_fn, (model, tokens)
 
+
 # -- Haiku --------------------------------------------------------------------------
 
 class HkBlock(hk.Module):
@@ -365,7 +366,6 @@ def haiku_transformer(batch=4, seq=16, remat=True, layers=3, d=32):
   return loss_fn, (params, tokens)
 
 
-
 def haiku_mlps(batch=8, width=32, layers=2):
   """Haiku's own ``hk.nets.MLP``, each ``hk.remat``ed in a lambda: its
   parameters are named ``mlp/~/linear_0``, its name stack ``mlp/linear_0``."""
@@ -376,6 +376,7 @@ def haiku_mlps(batch=8, width=32, layers=2):
   model = hk.without_apply_rng(hk.transform(forward))
   x = jax.random.normal(jax.random.key(9), (batch, width))
   return model.apply, (model.init(jax.random.key(10), x), x)
+
 
 MODELS = {'linen': linen_transformer, 'nnx': nnx_transformer, 'equinox': equinox_transformer,
           'haiku': haiku_transformer}
