@@ -23,6 +23,7 @@ from remat_explorer.analysis import (NO_REMAT, CostEstimate, analyze, clear_cach
 from remat_explorer.analysis.context import compiles_run
 from remat_explorer.analysis.split import estimate as estimate_module
 from remat_explorer.analysis.split.backend import GENERIC, backend_of, convolution_operands_to_copy
+from remat_explorer.analysis.split.jaxpr_memory import peak_bytes
 
 PEAK_TOLERANCE = 0.20
 FLOPS_TOLERANCE = 0.06
@@ -146,7 +147,7 @@ def test_a_matmul_output_lives_as_long_as_the_fusions_that_add_its_bias(monkeypa
       monkeypatch, 'repeats_cheap_values', *_biased_layers())
   assert without < with_rule < compiled
   assert with_rule / compiled - 1 >= -0.15, (with_rule, compiled)
-  assert without / compiled - 1 <= -0.18, (without, compiled)
+  assert (with_rule - without) / compiled >= 0.05, (with_rule, without, compiled)
 
 
 @pytest.mark.skipif(jax.devices()[0].platform != 'cpu',
@@ -163,6 +164,64 @@ def test_every_loops_state_is_held_from_the_start_of_the_program(monkeypatch):
   assert without < with_rule < compiled
   assert with_rule / compiled - 1 >= -0.14, (with_rule, compiled)
   assert (with_rule - without) / compiled >= 0.03, (with_rule, without, compiled)
+
+
+@pytest.mark.skipif(jax.devices()[0].platform != 'cpu',
+                    reason="the rules read off XLA:CPU's programs apply on the CPU alone")
+def test_a_recurrent_lm_s_policies_are_ordered_as_they_compile(monkeypatch):
+  """A Griffin-style LM (RMS norms, a gated recurrence, its blocks
+  ``nn.remat``ed): without remat, and under ``dots_saveable``, whose
+  recompute and backward pass share a block, XLA:CPU keeps values both
+  passes read that remat's barrier keeps apart under
+  ``everything_saveable``, which compiles more than 10% lower. The
+  estimate orders the policies as their compiled peaks; without the rule
+  it orders them the other way."""
+  from tests import framework_models
+  loss, args = framework_models.linen_recurrent(batch=4, seq=128, width=64, depth=3)
+  policies = {'no remat': NO_REMAT, 'dots_saveable': cp.dots_saveable,
+              'everything_saveable': cp.everything_saveable}
+  clear_caches()
+  compiled = {label: compile_costs(loss, *args, policy=policy).peak_bytes
+              for label, policy in policies.items()}
+  estimated = {label: estimate_costs(loss, *args, policy=policy).peak_bytes
+               for label, policy in policies.items()}
+  clear_caches()
+  monkeypatch.setattr(estimate_module, 'backend_of', lambda platform: dataclasses.replace(
+      backend_of(platform), materialises_values_both_passes_read=False))
+  without = {label: estimate_costs(loss, *args, policy=policy).peak_bytes
+             for label, policy in policies.items()}
+  clear_caches()
+  apart = [(a, b) for a, b in itertools.combinations(policies, 2)
+           if abs(compiled[a] / compiled[b] - 1) > 0.10]
+  assert apart, compiled
+  lower = lambda peaks, a, b: peaks[a] < peaks[b]
+  for a, b in apart:
+    assert lower(estimated, a, b) == lower(compiled, a, b), (a, b, estimated, compiled)
+  assert any(lower(without, a, b) != lower(compiled, a, b) for a, b in apart), without
+  for label in policies:
+    assert abs(estimated[label] / compiled[label] - 1) <= 0.10, (label, estimated, compiled)
+
+
+def test_arithmetic_the_simplifier_removes_holds_no_buffer():
+  """``x - zeros`` (an RMS norm's mean, as Flax writes it) and ``x * ones``
+  are ``x`` to XLA: a program with them compiles to the temporaries of the
+  program without them, and the liveness model holds no buffer for them."""
+  rng = np.random.default_rng(31)
+  w = jnp.asarray(rng.standard_normal((64, 32)), jnp.float32)
+  x = jnp.asarray(rng.standard_normal((256, 64)), jnp.float32)
+
+  def plain(x, w):
+    return jnp.tanh(x @ w)
+
+  def with_identities(x, w):
+    centred = x - jnp.zeros((x.shape[0], 1), x.dtype)
+    return jnp.tanh((centred * jnp.ones_like(centred)) @ w)
+  modelled = [peak_bytes(jax.make_jaxpr(f)(x, w), backend=backend_of('cpu'))
+              for f in (plain, with_identities)]
+  temporaries = [jax.jit(f).lower(x, w).compile().memory_analysis().temp_size_in_bytes
+                 for f in (plain, with_identities)]
+  assert temporaries[0] == temporaries[1]
+  assert modelled[0] == modelled[1] == 32 * 256 * 4, modelled
 
 
 def test_convolution_gradients_read_copies_in_the_cpu_layout():

@@ -26,7 +26,8 @@ from remat_explorer.analysis.program.keywords import check_keywords, entry_point
 from remat_explorer.analysis.program.step import StepRequest, trace_step
 from remat_explorer.analysis.split.backend import backend_of
 from remat_explorer.analysis.split.flops import jaxpr_flops
-from remat_explorer.analysis.split.jaxpr_memory import peak_bytes, value_bytes
+from remat_explorer.analysis.split.jaxpr_memory import peak_bytes
+from remat_explorer.analysis.split.operations import value_bytes
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,11 @@ A liveness model of what XLA would hold, read from the jaxpr alone:
   value read by anything else (a dot, a convolution, a loop, a call), or
   returned, is materialised.
 * Views share their input's buffer (``reshape``, ``checkpoint_name``,
-  ``optimization_barrier``, ...); an in-place update (``dynamic_update_slice``,
-  a scatter) and an elementwise equation write over an operand of the same
-  size that dies there, as XLA's buffer assignment does.
+  ``optimization_barrier``, ...), and so does arithmetic XLA's simplifier
+  removes (``x - zeros``, ``x * ones``: an RMS norm's mean); an in-place
+  update (``dynamic_update_slice``, a scatter) and an elementwise equation
+  write over an operand of the same size that dies there, as XLA's buffer
+  assignment does.
 * A call (``pjit``, a remat block, ``custom_jvp_call``) adds its body's own
   peak while it runs; a ``cond`` its largest branch's. A ``scan`` allocates
   its stacked outputs and its carry when it starts (on the CPU, when the
@@ -22,7 +24,7 @@ A liveness model of what XLA would hold, read from the jaxpr alone:
 * What the platform's backend adds or splits apart that the jaxpr does not
   say (``backend.py``: on the CPU, convolution operands copied into its
   layout, values its reductions do not fuse, cheap values repeated in their
-  readers) is added as it would run.
+  readers, values both passes read) is added as it would run.
 
 Equations run in the jaxpr's order, which XLA's scheduler is free to change:
 this is a model, not a measurement (``bench/estimates.py`` measures how far
@@ -32,228 +34,29 @@ from XLA's compiled peak it lands).
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
 
-from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Var, jaxprs_in_params
+import numpy as np
+from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Var, jaxprs_in_params
 
-from remat_explorer.analysis.source.origins import CALL_PRIMITIVES
-from remat_explorer.analysis.split.backend import (GENERIC, Backend,
-                                                   convolution_operands_to_copy,
-                                                   reads_minor_broadcast)
-from remat_explorer.analysis.units import aval_bytes
-from remat_explorer.engine import in_backward_pass, in_recompute, scan_consts_and_carries
+from remat_explorer.analysis.split.backend import GENERIC, Backend, reads_minor_broadcast
+from remat_explorer.analysis.split.operations import (EXPENSIVE, IN_PLACE, LOOPS_AND_BRANCHES,
+                                                      Op, as_jaxpr, flatten, in_schedule_order,
+                                                      value_bytes, with_layout_copies,
+                                                      with_shared_broadcasts)
+from remat_explorer.engine import scan_consts_and_carries
 
-# Equations XLA fuses with their producers and consumers: one output element
-# from a few input elements.
-_FUSIBLE = frozenset('''
-    add add_any sub mul div rem max min neg abs sign floor ceil round square
-    is_finite clamp eq ne lt le gt ge and or xor not shift_left
-    shift_right_logical shift_right_arithmetic population_count clz
-    exp exp2 log log1p expm1 pow sqrt rsqrt cbrt tanh sin cos
-    tan atan atan2 erf erfc erf_inv logistic asin acos sinh cosh asinh acosh
-    atanh lgamma digamma nextafter integer_pow select_n convert_element_type
-    broadcast_in_dim transpose slice dynamic_slice concatenate pad iota rev
-    copy copy_p stop_gradient real imag complex conj squeeze expand_dims
-    reshape'''.split())
-# Elementwise equations XLA does not repeat in each reader of their result.
-_EXPENSIVE = frozenset('''
-    div rem exp exp2 log log1p expm1 pow sqrt rsqrt cbrt tanh sin cos tan atan
-    atan2 erf erfc erf_inv logistic asin acos sinh cosh asinh acosh atanh
-    lgamma digamma integer_pow'''.split())
-# Equations that fuse what feeds them but whose result XLA materialises.
-_REDUCTIONS = frozenset('''
-    reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or
-    reduce_xor argmax argmin'''.split())
-# Equations whose outputs are their inputs' buffers.
-_VIEWS = frozenset('''
-    name reduce_precision optimization_barrier pvary sharding_constraint mesh_cast reshard
-    device_put'''.split())
-_LOOPS_AND_BRANCHES = frozenset(('scan', 'while', 'cond'))
-# What the operations XLA adds (``backend.py``) are, as `_kind` says: a
-# layout copy fuses what makes its operand and is materialised.
-ADDED_KINDS = {'layout copy': 'reduction'}
-# Equations that write into their first operand where it dies.
-_IN_PLACE = frozenset('''
-    dynamic_update_slice scatter scatter-add scatter_add scatter-mul
-    scatter_mul scatter-min scatter_min scatter-max scatter_max'''.split())
-
-
-def value_bytes(atom) -> int:
-  """Bytes of one value of a jaxpr."""
-  return aval_bytes(atom.aval)
+# Equations that give a value every element of which is their operand's one
+# number, where that is a literal (``jnp.zeros``: a broadcast 0.0).
+_SHAPERS = frozenset('broadcast_in_dim reshape squeeze expand_dims convert_element_type'.split())
+# Arithmetic that returns an operand unchanged when the other is all zeros
+# or all ones: {equation: (that number, positions of the operand that may be it)}.
+_IDENTITIES = {'add': (0.0, (0, 1)), 'add_any': (0.0, (0, 1)), 'sub': (0.0, (1,)),
+               'mul': (1.0, (0, 1)), 'div': (1.0, (1,))}
 
 
 def _true_rank(aval) -> int:
   """How many of a value's dimensions are longer than one."""
   return sum(d != 1 for d in getattr(aval, 'shape', ()))
-
-
-def _as_jaxpr(jaxpr: Jaxpr | ClosedJaxpr) -> Jaxpr:
-  return jaxpr.jaxpr if isinstance(jaxpr, ClosedJaxpr) else jaxpr
-
-
-def _is_view(eqn: JaxprEqn) -> bool:
-  name = eqn.primitive.name
-  if name in _VIEWS or name in ('reshape', 'squeeze', 'expand_dims'):
-    return True
-  return (name == 'convert_element_type'
-          and eqn.invars[0].aval.dtype == eqn.outvars[0].aval.dtype)
-
-
-def _kind(eqn: JaxprEqn) -> str:
-  """'fusible', 'reduction' or 'materialising'."""
-  name = eqn.primitive.name
-  if name in _FUSIBLE or (name in _VIEWS and name != 'optimization_barrier'):
-    return 'fusible'
-  if name in _REDUCTIONS:
-    return 'reduction'
-  return 'materialising'
-
-
-def _call_body(eqn: JaxprEqn) -> Jaxpr | None:
-  """The body of a call XLA inlines (``pjit``, a remat block, ...)."""
-  param = CALL_PRIMITIVES.get(eqn.primitive.name)
-  body = eqn.params.get(param) if param else None
-  return None if body is None else _as_jaxpr(body)
-
-
-# A value of the flattened program is keyed by a number, one per variable
-# of each inlined call (a body called twice has two sets), or, for a copy
-# XLA adds, by ('layout copy', the value it copies, the operand position).
-
-
-@dataclass(slots=True)
-class _Op:
-  """One equation of a jaxpr with its calls inlined, reading and writing
-  values by key; `in_backward`: its name stack (the calls' around it
-  included) is the backward pass's, not remat's recompute. An
-  operation XLA adds that the jaxpr does not have (``backend.py``) has no
-  equation: `added` says what it is and `added_bytes` what it writes."""
-  eqn: JaxprEqn | None
-  reads: list
-  writes: list
-  in_backward: bool = False
-  added: str = ''
-  added_bytes: int = 0
-  name: str = field(init=False)
-  kind: str = field(init=False)
-  """'fusible', 'reduction' or 'materialising' (see ``_kind``)."""
-  roots: frozenset | set = field(init=False, default=frozenset())
-  """The buffers it reads (a view's is its source's), once `_Scope` knows."""
-
-  def __post_init__(self):
-    self.name = self.added or self.eqn.primitive.name
-    self.kind = ADDED_KINDS[self.added] if self.added else _kind(self.eqn)
-
-  def is_backward(self) -> bool:
-    """A backward-pass equation that is not remat's recompute."""
-    return self.in_backward and self.name != 'optimization_barrier'
-
-  def is_view(self) -> bool:
-    return not self.added and _is_view(self.eqn)
-
-  def has_effects(self) -> bool:
-    return not self.added and bool(self.eqn.effects)
-
-  def output_bytes(self) -> list[int]:
-    if self.added:
-      return [self.added_bytes]
-    return [value_bytes(v) for v in self.eqn.outvars]
-
-  def running_bytes(self, backend: Backend) -> int:
-    name = self.name
-    # Fusible equations and reductions have no bodies; a scatter's combiner
-    # works on scalars.
-    if (self.added or self.kind != 'materialising' or name in _IN_PLACE
-        or not (name in _LOOPS_AND_BRANCHES or any(jaxprs_in_params(self.eqn.params)))):
-      return 0
-    return _running_bytes(self.eqn, backend)
-
-
-def _flatten(jaxpr: Jaxpr, env: dict, counter, ops: list, inputs: set,
-             scope: str = '', scopes: dict | None = None) -> None:
-  """Append `jaxpr`'s equations to `ops`, calls inlined. `env` holds the
-  key of each variable of `jaxpr` bound so far (its inputs'), and gains
-  the others' as they are made: fresh numbers from `counter`."""
-  for v in jaxpr.constvars:
-    env[v] = next(counter)
-    inputs.add(env[v])
-  # Equations share name stacks: each is spelled out and read once (keyed
-  # by identity, the stack kept alive here).
-  scopes = {} if scopes is None else scopes
-  for eqn in jaxpr.eqns:
-    reads = [env[v] if isinstance(v, Var) else None for v in eqn.invars]
-    body = _call_body(eqn)
-    stack = eqn.source_info.name_stack
-    spelled = scopes.get((id(stack), scope))
-    if spelled is None:
-      where = f'{scope}/{stack}'
-      spelled = scopes[id(stack), scope] = (
-          stack, where, in_backward_pass(where) and not in_recompute(where))
-    _, where, in_backward = spelled
-    if body is None:
-      writes = [next(counter) for _ in eqn.outvars]
-      env.update(zip(eqn.outvars, writes))
-      ops.append(_Op(eqn, reads, writes, in_backward))
-      continue
-    # A literal argument is a value nothing makes: a fresh key.
-    inner_env = {v: next(counter) if k is None else k for v, k in zip(body.invars, reads)}
-    _flatten(body, inner_env, counter, ops, inputs, where, scopes)
-    for out, result in zip(eqn.outvars, body.outvars):
-      env[out] = inner_env[result] if isinstance(result, Var) else None
-
-
-def _in_schedule_order(ops: list[_Op]) -> list[_Op]:
-  """The equations in the order XLA's scheduler runs them, as modelled:
-  everything that does not wait for the backward pass first, in program
-  order. Remat's recompute outside a loop waits only for its inputs (the
-  barrier that keeps XLA from merging it with the forward pass does not
-  tie it to the backward pass), and XLA runs it early, keeping its results
-  from then on; inside a loop body it runs at the start of each iteration.
-  """
-  waiting: set = set()
-  early, late = [], []
-  for op in ops:
-    if op.is_backward() or not waiting.isdisjoint(op.reads):
-      late.append(op)
-      waiting.update(op.writes)
-    else:
-      early.append(op)
-  return early + late
-
-
-def _with_layout_copies(ops: list[_Op]) -> list[_Op]:
-  """`ops` with the copies XLA:CPU makes of convolution operands that are
-  not in its layout (``backend.py``): each made right after its operand
-  (a cheap elementwise one computed again in the copy, from what it reads),
-  and read by the convolution in the operand's place."""
-  made_at = {k: i for i, op in enumerate(ops) for k in op.writes}
-  copies: dict = {}
-  after: dict[int, list[_Op]] = {}  # -1: before everything (an input)
-  for op in ops:
-    for position in convolution_operands_to_copy(op.eqn) if not op.added else ():
-      source = op.reads[position]
-      if source is None:
-        continue
-      key = ('layout copy', source, position)
-      if key not in copies:
-        at = made_at.get(source, -1)
-        maker = ops[at] if at >= 0 else None
-        # A cheap elementwise operand is computed again inside the copy.
-        repeated = (maker is not None and not maker.added and maker.kind == 'fusible'
-                    and maker.name not in _EXPENSIVE)
-        reads = [k for k in maker.reads if k is not None] if repeated else [source]
-        copies[key] = _Op(None, reads, [key], maker.in_backward if maker else False,
-                          added='layout copy',
-                          added_bytes=value_bytes(op.eqn.invars[position]))
-        after.setdefault(at, []).append(copies[key])
-      op.reads[position] = key
-  if not copies:
-    return ops
-  placed = list(after.get(-1, []))
-  for i, op in enumerate(ops):
-    placed += [op, *after.get(i, [])]
-  return placed
 
 
 class _Scope:
@@ -265,11 +68,13 @@ class _Scope:
     counter = itertools.count()
     env: dict = {v: next(counter) for v in jaxpr.invars}
     inputs: set = set(env.values())
-    self.ops: list[_Op] = []
-    _flatten(jaxpr, env, counter, self.ops, inputs)
+    self.ops: list[Op] = []
+    flatten(jaxpr, env, counter, self.ops, inputs)
     if backend.convolution_layouts:
-      self.ops = _with_layout_copies(self.ops)
-    self.ops = _in_schedule_order(self.ops)
+      self.ops = with_layout_copies(self.ops)
+    if backend.materialises_values_both_passes_read:
+      self.ops = with_shared_broadcasts(self.ops)
+    self.ops = in_schedule_order(self.ops)
     self.root: dict = {}
     size: dict = {}  # root -> its bytes
     outputs = [env[v] for v in jaxpr.outvars if isinstance(v, Var)]
@@ -277,6 +82,8 @@ class _Scope:
     fused_reader: dict = {}  # root -> read only by fusing equations
     last_fused_read: dict = {}  # root -> the last fusing equation that reads it
     readers: dict = {}
+    passes: dict = {}  # root -> {whether a reader is the backward pass's}
+    self.constants: dict = {}  # key -> the one number all its elements are
     self.last_use: dict = {}
     self.made_by: dict = {}  # root -> the operation that writes it
     root = self.root.get
@@ -285,12 +92,19 @@ class _Scope:
         continue
       kind = op.kind
       op.roots = {root(k, k) for k in op.reads if k is not None}
+      backward = op.is_backward()
       for r in op.roots:
         self.last_use[r] = i
         fused_reader[r] = fused_reader.get(r, True) and kind != 'materialising'
         if kind != 'materialising':
           last_fused_read[r] = i
         readers[r] = readers.get(r, 0) + 1
+        passes.setdefault(r, set()).add(backward)
+      self._note_constant(op)
+      unchanged = self._operand_returned(op)
+      if unchanged is not None:  # XLA's simplifier removes it: a view
+        self.root[op.writes[0]] = self.of(unchanged)
+        continue
       if op.is_view() and op.reads[0] is not None:
         for out, source in zip(op.writes, op.reads):
           if source is not None:
@@ -307,8 +121,16 @@ class _Scope:
     # expensive one.
     self.materialised = {
         k: not (op.kind == 'fusible' and fused_reader.get(k, True) and k not in self.outputs
-                and (readers.get(k, 0) <= 1 or op.name not in _EXPENSIVE))
+                and (readers.get(k, 0) <= 1 or op.name not in EXPENSIVE))
         for k, op in self.made_by.items()}
+    # Values both passes read that XLA makes apart rather than repeat
+    # (``backend.py``).
+    if backend.materialises_values_both_passes_read:
+      for k, op in self.made_by.items():
+        if (len(passes.get(k, ())) == 2 and op.kind == 'fusible'
+            and _reads_more_than_it_writes(op)
+            and not (backend.repeats_cheap_values and self._repeated_in_fusions(op))):
+          self.materialised[k] = True
     if not backend.reductions_fuse_minor_broadcasts:
       self._split_minor_broadcasts()
     # What a fused value reads must live until its last reader runs; so
@@ -333,14 +155,47 @@ class _Scope:
                   if self.materialised[k] and k not in inputs and k not in uncounted
                   and (count_outputs or k not in self.outputs)}
 
-  def _repeated_in_fusions(self, op: _Op) -> bool:
+  def _note_constant(self, op: Op) -> None:
+    """Record `op`'s value if every element of it is one literal number."""
+    if op.added or op.name not in _SHAPERS or len(op.writes) != 1:
+      return
+    value = self._constant(op, 0)
+    if value is not None:
+      self.constants[op.writes[0]] = value
+
+  def _constant(self, op: Op, position: int) -> float | None:
+    """The one number every element of `op`'s operand at `position` is, if
+    known: a literal, or a value made of one."""
+    operand = op.eqn.invars[position]
+    if isinstance(operand, Literal):
+      value = np.asarray(operand.val)
+      return float(value.reshape(())) if value.size == 1 else None
+    return self.constants.get(op.reads[position])
+
+  def _operand_returned(self, op: Op):
+    """The key of the operand `op` returns unchanged (``x - zeros``,
+    ``x * ones``), or None."""
+    if op.added or op.name not in _IDENTITIES:
+      return None
+    neutral, positions = _IDENTITIES[op.name]
+    out = op.eqn.outvars[0].aval
+    for position in positions:
+      other = 1 - position
+      k = op.reads[other]
+      if (self._constant(op, position) == neutral and k is not None
+          and op.eqn.invars[other].aval.shape == out.shape
+          and op.eqn.invars[other].aval.dtype == out.dtype):
+        return k
+    return None
+
+  def _repeated_in_fusions(self, op: Op) -> bool:
     """Whether XLA computes `op`'s value again inside each fusion that
     reads it, though a reader that does not fuse (a dot, a loop) has it made
     apart (``backend.py``): a cheap elementwise equation with one operand of
     its result's size (one broadcast to it counted by what it broadcasts),
     made by an equation XLA does not fuse. Repeating it reads no more
     than reading its result would."""
-    if op.added or op.kind != 'fusible' or op.name in _EXPENSIVE or op.is_view():
+    if op.added or op.kind != 'fusible' or op.name in EXPENSIVE or op.is_view():
       return False
     full = _true_rank(op.eqn.outvars[0].aval)
     large = []
@@ -374,7 +229,7 @@ class _Scope:
         else:
           fused += maker.roots
 
-  def _reads_minor_broadcast(self, op: _Op) -> bool:
+  def _reads_minor_broadcast(self, op: Op) -> bool:
     if op.added:
       return False
     makers = [self.made_by.get(self.of(k)) if k is not None else None for k in op.reads]
@@ -407,7 +262,7 @@ def peak_bytes(jaxpr: Jaxpr | ClosedJaxpr, *, count_outputs: bool = True,
   places apart); the outputs at positions `uncounted` never (a loop body's
   stacked outputs, written into the loop's buffer). `backend`: the rules of
   the platform it will run on (``backend.py``)."""
-  scope = _Scope(_as_jaxpr(jaxpr), count_outputs, uncounted, backend)
+  scope = _Scope(as_jaxpr(jaxpr), count_outputs, uncounted, backend)
   dies_at: dict[int, list] = {}
   for r, i in scope.last_use.items():
     dies_at.setdefault(i, []).append(r)
@@ -428,11 +283,21 @@ def peak_bytes(jaxpr: Jaxpr | ClosedJaxpr, *, count_outputs: bool = True,
       if k not in last_use:
         never_read += n
     reused = _reused_bytes(op, scope, outs, dying) if new else 0
-    peak = max(peak, live + new - reused + op.running_bytes(backend))
+    peak = max(peak, live + new - reused + _op_running_bytes(op, backend))
     live += new - never_read
     for r in dying:
       live -= allocated(r, 0)
   return peak
+
+
+def _reads_more_than_it_writes(op: Op) -> bool:
+  """Whether `op`'s distinct operands hold more bytes than its result:
+  XLA repeats an equation that reads no more than it writes in every
+  fusion that reads it, wherever those are."""
+  if op.added:
+    return False
+  operands = {v for v in op.eqn.invars if isinstance(v, Var)}
+  return sum(map(value_bytes, operands)) > sum(map(value_bytes, op.eqn.outvars))
 
 
 def _loop_state(scope: _Scope) -> set:
@@ -444,12 +309,12 @@ def _loop_state(scope: _Scope) -> set:
           if k not in scope.root and k in scope.last_use and scope.allocated(k)}
 
 
-def _reused_bytes(op: _Op, scope: _Scope, outs, dying) -> int:
+def _reused_bytes(op: Op, scope: _Scope, outs, dying) -> int:
   """Bytes of a dying operand an output is written over."""
   if not outs or not scope.allocated(outs[0]):
     return 0
   operands = op.roots
-  if op.name in _IN_PLACE and op.reads[0] is not None:
+  if op.name in IN_PLACE and op.reads[0] is not None:
     operand = scope.of(op.reads[0])
     return scope.allocated(operand) if operand in dying else 0
   if op.kind == 'fusible':
@@ -459,12 +324,22 @@ def _reused_bytes(op: _Op, scope: _Scope, outs, dying) -> int:
   return 0
 
 
+def _op_running_bytes(op: Op, backend: Backend) -> int:
+  """What `op` holds while it runs beyond its outputs: a loop's, branch's
+  or call's body's own peak. Fusible equations and reductions have no
+  bodies; a scatter's combiner works on scalars."""
+  if (op.added or op.kind != 'materialising' or op.name in IN_PLACE
+      or not (op.name in LOOPS_AND_BRANCHES or any(jaxprs_in_params(op.eqn.params)))):
+    return 0
+  return _running_bytes(op.eqn, backend)
+
+
 def _running_bytes(eqn: JaxprEqn, backend: Backend) -> int:
   """What a loop or branch holds while it runs beyond its outputs: its
   body's own peak."""
   name, params = eqn.primitive.name, eqn.params
   if name == 'scan':
-    body = _as_jaxpr(params['jaxpr'])
+    body = as_jaxpr(params['jaxpr'])
     # The stacked outputs are written in place, a slice per iteration.
     _, num_carry = scan_consts_and_carries(params)
     return peak_bytes(body, uncounted=range(num_carry, len(body.outvars)),
