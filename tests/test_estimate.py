@@ -123,6 +123,14 @@ def _biased_layers(num_layers=3, width=128, batch=1024, seed=24):
   return loss, (layers, x)
 
 
+@functools.cache
+def _recurrent_lm():
+  """A Griffin-style recurrent LM (``framework_models.linen_recurrent``),
+  built once for the tests that compile it."""
+  from tests import framework_models
+  return framework_models.linen_recurrent(batch=4, seq=128, width=64, depth=3)
+
+
 def _peaks_with_and_without(monkeypatch, rule: str, loss, args) -> tuple[int, int, int]:
   """The compiled peak of `loss` without remat, and its estimate with and
   without the CPU's `rule` (a field of ``backend.Backend``)."""
@@ -157,10 +165,8 @@ def test_every_loops_state_is_held_from_the_start_of_the_program(monkeypatch):
   starts: a recurrent model's backward loops hold their outputs through the
   forward pass. The estimate holds them so too, and lands nearer the
   compiled peak than without that rule."""
-  from tests import framework_models
   compiled, with_rule, without = _peaks_with_and_without(
-      monkeypatch, 'loop_state_made_first',
-      *framework_models.linen_recurrent(batch=4, seq=128, width=64, depth=3, remat=False))
+      monkeypatch, 'loop_state_made_first', *_recurrent_lm())
   assert without < with_rule < compiled
   assert with_rule / compiled - 1 >= -0.14, (with_rule, compiled)
   assert (with_rule - without) / compiled >= 0.03, (with_rule, without, compiled)
@@ -176,8 +182,7 @@ def test_a_recurrent_lm_s_policies_are_ordered_as_they_compile(monkeypatch):
   ``everything_saveable``, which compiles more than 10% lower. The
   estimate orders the policies as their compiled peaks; without the rule
   it orders them the other way."""
-  from tests import framework_models
-  loss, args = framework_models.linen_recurrent(batch=4, seq=128, width=64, depth=3)
+  loss, args = _recurrent_lm()
   policies = {'no remat': NO_REMAT, 'dots_saveable': cp.dots_saveable,
               'everything_saveable': cp.everything_saveable}
   clear_caches()
