@@ -199,10 +199,10 @@ def test_a_recurrent_lm_s_policies_are_ordered_as_they_compile(monkeypatch):
   apart = [(a, b) for a, b in itertools.combinations(policies, 2)
            if abs(compiled[a] / compiled[b] - 1) > 0.10]
   assert apart, compiled
-  lower = lambda peaks, a, b: peaks[a] < peaks[b]
   for a, b in apart:
-    assert lower(estimated, a, b) == lower(compiled, a, b), (a, b, estimated, compiled)
-  assert any(lower(without, a, b) != lower(compiled, a, b) for a, b in apart), without
+    assert (estimated[a] < estimated[b]) == (compiled[a] < compiled[b]), (
+        a, b, estimated, compiled)
+  assert any((without[a] < without[b]) != (compiled[a] < compiled[b]) for a, b in apart), without
   for label in policies:
     assert abs(estimated[label] / compiled[label] - 1) <= 0.10, (label, estimated, compiled)
 

@@ -223,16 +223,11 @@ def with_layout_copies(ops: list[Op]) -> list[Op]:
                     and maker.name not in EXPENSIVE)
         reads = [k for k in maker.reads if k is not None] if repeated else [source]
         copies[key] = Op(None, reads, [key], maker.in_backward if maker else False,
-                          added='layout copy',
-                          added_bytes=value_bytes(op.eqn.invars[position]))
+                         added='layout copy',
+                         added_bytes=value_bytes(op.eqn.invars[position]))
         after.setdefault(at, []).append(copies[key])
       op.reads[position] = key
-  if not copies:
-    return ops
-  placed = list(after.get(-1, []))
-  for i, op in enumerate(ops):
-    placed += [op, *after.get(i, [])]
-  return placed
+  return _with_added(ops, after)
 
 
 def with_shared_broadcasts(ops: list[Op]) -> list[Op]:
@@ -269,16 +264,25 @@ def with_shared_broadcasts(ops: list[Op]) -> list[Op]:
       uses.setdefault(key, []).append((i, position))
       if outer:
         outer_product.add(key)
-  before: dict[int, list[Op]] = {}
+  after: dict[int, list[Op]] = {}
   for key, readers in uses.items():
     if key not in outer_product or len({ops[i].is_backward() for i, _ in readers}) < 2:
       continue
     first = ops[readers[0][0]]
     shared = Op(None, [key[0]], [('shared broadcast', key)], added='shared broadcast',
-                 added_bytes=value_bytes(first.eqn.outvars[0]))
-    before.setdefault(readers[0][0], []).append(shared)
+                added_bytes=value_bytes(first.eqn.outvars[0]))
+    after.setdefault(readers[0][0] - 1, []).append(shared)
     for i, position in readers:
       ops[i].reads[position] = shared.writes[0]
-  if not before:
+  return _with_added(ops, after)
+
+
+def _with_added(ops: list[Op], after: dict[int, list[Op]]) -> list[Op]:
+  """`ops` with the operations `after` places after each index (-1:
+  before the first)."""
+  if not after:
     return ops
-  return [placed for i, op in enumerate(ops) for placed in (*before.get(i, ()), op)]
+  placed = list(after.get(-1, []))
+  for i, op in enumerate(ops):
+    placed += [op, *after.get(i, [])]
+  return placed
