@@ -1,7 +1,8 @@
 """Estimates before the compile: ``estimate_costs`` against ``compile_costs``.
 
 For every example model (``remat_explorer/examples.py``, the transformer
-also under ``scan``), the convnet written channels-first, and the Flax /
+also under ``scan``), the transformer over 512 tokens, the convnet written
+channels-first, and the Flax /
 Equinox models of
 ``tests/framework_models.py``, and recurrentgemma's own Griffin where it is
 installed (``pip install recurrentgemma``: an outside model as users install
@@ -53,6 +54,9 @@ def models(frameworks: bool):
   yield 'transformer (unrolled)', examples.transformer(), examples.TRANSFORMER_NAMES
   yield 'transformer (scan)', examples.transformer(use_scan=True), examples.TRANSFORMER_NAMES
   yield 'convnet', examples.convnet(), examples.CONVNET_NAMES
+  # Attention over 512 tokens: its probabilities, not the layers' widths,
+  # fill the memory (the example's default is 64 tokens).
+  yield 'transformer (512 tokens)', examples.transformer(seq_len=512), examples.TRANSFORMER_NAMES
   yield 'convnet (NCHW)', nchw_convnet(), ('conv_output',)
   if frameworks:
     import framework_models
