@@ -427,6 +427,26 @@ def test_two_targets_of_one_shape_are_not_confused():
   assert results['a100:2'].device_memory_bytes == 85100068864
 
 
+def test_a_one_device_target_is_analyzed_without_a_compile():
+  """On one device every residual is whole: the analysis asks the
+  partitioner nothing, and each residual's shard is the residual itself,
+  as the compiled forward pass would say."""
+  from remat_explorer.analysis.context import compiles_run
+  loss = _loss(rx.checkpoint_policies.dots_saveable)
+  w, x = _stack(rx.target_mesh('h100'), layers=2, seq=64, width=256, seed=4)
+  rx.clear_caches()
+  before = compiles_run()
+  report = rx.analyze(loss, w, x)
+  assert compiles_run() == before
+  assert report.num_devices == 1 and report.device_kind == 'NVIDIA H100 80GB HBM3'
+  assert report.residuals and all(
+      (r.per_device_shape, r.per_device_bytes) == (r.shape, r.bytes) for r in report.residuals)
+  assert {r.sharding for r in report.residuals} == {'replicated'}
+  # What the partitioner says of the same step compiled by hand.
+  compiled = _by_hand(loss, w, x)
+  assert all(s.is_fully_replicated for s in jax.tree_util.tree_leaves(compiled.output_shardings))
+
+
 def test_policies_whose_forward_passes_lower_alike_ask_the_partitioner_once():
   """The residuals' shardings come from compiling the forward pass: under
   the policy the program was written with and under ``nothing_saveable``
