@@ -87,8 +87,10 @@ def _call_body(eqn: JaxprEqn) -> Jaxpr | None:
 
 
 # A value of the flattened program is keyed by a number, one per variable
-# of each inlined call (a body called twice has two sets), or, for a copy
-# XLA adds, by ('layout copy', the value it copies, the operand position).
+# of each inlined call (a body called twice has two sets); a value XLA adds
+# by what it is: ('layout copy', the value it copies, the operand
+# position), or ('shared broadcast', (the value broadcast, shape, dtype,
+# whether read behind a barrier)).
 
 
 @dataclass(slots=True)
@@ -132,7 +134,6 @@ class Op:
     if self.added:
       return [self.added_bytes]
     return [value_bytes(v) for v in self.eqn.outvars]
-
 
 
 def flatten(jaxpr: Jaxpr, env: dict, counter, ops: list, inputs: set,
