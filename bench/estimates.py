@@ -20,11 +20,17 @@ differ by more than 10% ordered the other way, and none that save
 different residuals and compile to peaks more than 1% apart given one
 estimate.
 
+With ``--target h100`` (any ``target_mesh`` name) every step's arguments
+are placed on one device of that target (abstract, replicated) and the
+estimate is measured against what XLA compiles for it: the estimate
+follows the target's platform (``split/backend.py``).
+
 Then ``search_policy(rank_by_estimate=True)`` on the example transformer at
 a few budgets: the compiles it runs (target: at most 3) and its answer
 beside the search that compiles every candidate.
 
     .venv/bin/python bench/estimates.py [--no-frameworks] [--no-search] [--only griffin ...]
+                                        [--target h100]
 """
 
 from __future__ import annotations
@@ -108,10 +114,30 @@ def main() -> None:
                       help='skip the search ranked by estimate')
   parser.add_argument('--only', nargs='+', metavar='MODEL',
                       help="these models alone, by the start of their names ('griffin')")
+  parser.add_argument('--target', metavar='TARGET',
+                      help="compile for this target's first device ('h100', 'v5e:2x2')")
   options = parser.parse_args()
-  bench_estimates(not options.no_frameworks, options.only)
+  if options.target:
+    import jax
+    jax.config.update('jax_platforms', 'cpu')  # before the CUDA plugin loads
+  bench_estimates(not options.no_frameworks, options.only, options.target)
   if not options.no_search:
-    bench_search()
+    bench_search(options.target)
+
+
+def on_target(args, target: str | None):
+  """`args` as abstract arguments on one device of `target` (as they are
+  where `target` is None)."""
+  if target is None:
+    return args
+  import jax
+  import numpy as np
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+  from remat_explorer import target_mesh
+  device = target_mesh(target).devices.flat[0]
+  mesh = Mesh(np.array([device]), ('data',))
+  return jax.tree.map(lambda a: jax.ShapeDtypeStruct(
+      a.shape, a.dtype, sharding=NamedSharding(mesh, P())) if hasattr(a, 'shape') else a, args)
 
 
 class FullCollections:
@@ -136,7 +162,7 @@ class FullCollections:
     return sum(max(0.0, min(b, end) - max(a, start)) for a, b in self.spans)
 
 
-def bench_estimates(frameworks: bool, only=None) -> None:
+def bench_estimates(frameworks: bool, only=None, target=None) -> None:
   peak_errors, flops_errors, time_ratios, added_ratios = [], [], [], []
   outside_errors, peaks = [], {}
   collections, collected = FullCollections(), []
@@ -145,6 +171,7 @@ def bench_estimates(frameworks: bool, only=None) -> None:
   for name, (loss_fn, args), names in models(frameworks):
     if only and not any(name.startswith(start) for start in only):
       continue
+    args = on_target(args, target)
     for label, policy in {'no remat': NO_REMAT, **builtin_policies(names)}.items():
       clear_caches()
       estimate = estimate_costs(loss_fn, *args, policy=policy)
@@ -157,20 +184,23 @@ def bench_estimates(frameworks: bool, only=None) -> None:
       trace_seconds = estimate.seconds - estimate.model_seconds
       compile_seconds = time.perf_counter() - start + trace_seconds
       peak_error = estimate.peak_bytes / costs.peak_bytes - 1
-      flops_error = estimate.flops / costs.executed_flops - 1
+      flops_error = (estimate.flops / costs.executed_flops - 1
+                     if costs.executed_flops else float('nan'))
       ratio = estimate.seconds / compile_seconds
       added = (estimate.model_seconds - in_model) / compile_seconds
       collected.append(in_model)
       (peak_errors if name in EXAMPLES else outside_errors).append(abs(peak_error))
       peaks.setdefault(name, {})[label] = (estimate.peak_bytes, costs.peak_bytes,
                                            estimate.residual_bytes)
-      flops_errors.append(abs(flops_error))
+      if flops_error == flops_error:  # not nan
+        flops_errors.append(abs(flops_error))
       time_ratios.append(ratio)
       added_ratios.append(added)
       print(f'{name:<24} {label[:36]:<36} '
             f'{estimate.peak_bytes / 2**20:9.2f} / {costs.peak_bytes / 2**20:7.2f} MiB '
-            f'{peak_error:+8.2%} {flops_error:+11.2%} '
-            f'{estimate.seconds * 1e3:5.0f} ms {ratio:6.1%} {added:6.2%}')
+            f'{peak_error:+8.2%} '
+            + (f'{flops_error:+11.2%} ' if flops_error == flops_error else f'{"n/a":>11} ')
+            + f'{estimate.seconds * 1e3:5.0f} ms {ratio:6.1%} {added:6.2%}')
   if not peaks:
     print(f'no model matched --only {" ".join(only)}')
     return
@@ -193,8 +223,9 @@ def bench_estimates(frameworks: bool, only=None) -> None:
   print(f'alike: {len(alike)} pairs of policies that save different residuals and compile to '
         f'peaks more than 1% apart, given one estimated peak (target 0)'
         + ''.join(f'\n  {name}: {a} / {b}' for name, a, b in alike))
-  print(f'FLOPs: largest error {max(flops_errors):.1%}, median '
-        f'{statistics.median(flops_errors):.1%}')
+  if flops_errors:
+    print(f'FLOPs: largest error {max(flops_errors):.1%}, median '
+          f'{statistics.median(flops_errors):.1%}')
   print(f'time: the estimate, its trace included, over compile_costs alone: median '
         f'{statistics.median(time_ratios):.1%}, largest {max(time_ratios):.1%}; '
         f'what it adds to the compile, which shares its trace: median '
@@ -205,10 +236,11 @@ def bench_estimates(frameworks: bool, only=None) -> None:
 
 
 
-def bench_search() -> None:
+def bench_search(target=None) -> None:
   print('search_policy on the example transformer, ranked by estimate vs every '
-        'candidate compiled:')
+        'candidate compiled' + (f' for {target}:' if target else ':'))
   loss_fn, args = examples.transformer()
+  args = on_target(args, target)
   for budget in (0.0, 0.5, 1.0):
     found = {}
     for rank_by_estimate in (True, False):

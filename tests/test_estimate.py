@@ -254,6 +254,41 @@ def test_convolution_gradients_read_copies_in_the_cpu_layout():
   assert convolution_operands_to_copy(forward) == [0, 1]
 
 
+def _on(mesh, tree):
+  """`tree`'s arrays as abstract arguments replicated over `mesh`."""
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  return jax.tree.map(lambda a: jax.ShapeDtypeStruct(
+      a.shape, a.dtype, sharding=NamedSharding(mesh, P())), tree)
+
+
+def test_an_estimate_for_a_gpu_follows_the_gpus_schedule():
+  """XLA:CPU runs remat's recompute with the forward pass (an unrolled
+  transformer's ``nothing_saveable`` compiles to its peak without remat
+  there); XLA:GPU runs it where the backward pass reads it. An estimate
+  for arguments on a compile-only H100 follows the GPU: each policy near
+  the peak XLA compiles for the H100 by hand, and ordered as it is."""
+  mesh = rx.target_mesh('h100')
+  rows = {}
+  for label, policy in (('no remat', None), ('nothing_saveable', cp.nothing_saveable),
+                        ('dots_saveable', cp.dots_saveable)):
+    loss, args = examples.transformer(num_layers=3, d_model=64, seq_len=64, batch=4,
+                                      seed=31, policy=policy, remat=policy is not None)
+    args = _on(mesh, args)
+    estimate = estimate_costs(loss, *args)
+    by_hand = jax.jit(jax.value_and_grad(loss)).lower(*args).compile()
+    rows[label] = estimate.peak_bytes, by_hand.memory_analysis().peak_memory_in_bytes
+    assert estimate.platform == 'gpu'
+    assert abs(rows[label][0] / rows[label][1] - 1) <= 0.10, (label, rows[label])
+  estimated = sorted(rows, key=lambda label: rows[label][0])
+  assert estimated == sorted(rows, key=lambda label: rows[label][1]), rows
+  assert estimated == ['nothing_saveable', 'dots_saveable', 'no remat'], rows
+  # XLA:TPU's fusions are not modelled, and the estimate says so.
+  loss, args = examples.transformer(num_layers=1, d_model=32, seq_len=16, batch=2, seed=32)
+  on_tpu = estimate_costs(loss, *_on(rx.target_mesh('v5e:2x2'), args))
+  assert on_tpu.platform == 'tpu' and any('XLA:TPU' in note for note in on_tpu.notes)
+  assert estimate_costs(loss, *args).platform == jax.devices()[0].platform
+
+
 def test_residual_bytes_are_analyze_s():
   loss, args = _models()['transformer (scan)']
   for policy in (NO_REMAT, *POLICIES.values()):

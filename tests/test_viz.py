@@ -624,6 +624,7 @@ def test_the_costs_tab_shows_the_estimate_until_the_compile_lands(problem):
   estimate = rx.estimate_costs(f, *args, policy=jax.checkpoint_policies.dots_saveable)
   said = _panels.estimate_html('dots_saveable', estimate)
   assert 'Estimated from the jaxpr' in said and format_bytes(estimate.peak_bytes) in said
+  assert f'XLA:{jax.devices()[0].platform.upper()}' in said
   assert all(value in ('', said) for value in shown)
   # An estimate that lands after the compiled figures is dropped.
   e._show_estimate(e._generation, 'dots_saveable', estimate)

@@ -49,6 +49,23 @@ read on:
   ``everything_saveable``, which compiles 13-16% lower than both: the
   estimate ordered them the other way.
 
+* **Recompute run early** (CPU). Remat's recompute outside a loop waits
+  only for its inputs: the barrier that keeps XLA from merging it with the
+  forward pass does not tie it to the backward pass, and XLA:CPU's
+  scheduler runs it with the forward pass, keeping its results from then
+  on (inside a loop body it runs at the start of each iteration). Measured
+  on the example transformer, unrolled: ``nothing_saveable`` compiles to
+  the same peak as no remat on the CPU.
+
+**Other platforms** get the model without these rules: XLA:GPU's and
+XLA:TPU's schedulers run the recompute where the backward pass reads it,
+as the jaxpr orders it (``nothing_saveable`` compiles the same transformer
+for a compile-only H100 to half its peak without remat). The generic model
+was measured against compile-only H100s (``bench/estimates.py --target
+h100``). On TPUs it is not near: XLA:TPU fuses far more (a 512-token
+attention's probabilities are never made) and tiles small dimensions, so
+an estimate for a TPU carries a note saying so.
+
 Not modelled: a ``scan`` body's slices of its stacked inputs. XLA slices
 them in the body, and a slice a matmul reads is a buffer of its own; but
 XLA also orders the body so that such a slice dies early, where the model
@@ -72,6 +89,7 @@ class Backend:
   repeats_cheap_values: bool
   loop_state_made_first: bool
   materialises_values_both_passes_read: bool
+  runs_recompute_early: bool
 
 
 def backend_of(platform: str) -> Backend:
@@ -80,7 +98,8 @@ def backend_of(platform: str) -> Backend:
   cpu = platform == 'cpu'
   return Backend(platform=platform, convolution_layouts=cpu,
                  reductions_fuse_minor_broadcasts=not cpu, repeats_cheap_values=cpu,
-                 loop_state_made_first=cpu, materialises_values_both_passes_read=cpu)
+                 loop_state_made_first=cpu, materialises_values_both_passes_read=cpu,
+                 runs_recompute_early=cpu)
 
 
 GENERIC = backend_of('')

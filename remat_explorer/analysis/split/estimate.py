@@ -17,11 +17,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import jax
 from jax.extend.core import ClosedJaxpr, Var
 
 from remat_explorer.engine import in_backward_pass
 from remat_explorer.analysis.cache import ResultCache
+from remat_explorer.analysis.program.devices import find_placement, target_device
 from remat_explorer.analysis.program.keywords import check_keywords, entry_point
 from remat_explorer.analysis.program.step import StepRequest, trace_step
 from remat_explorer.analysis.split.backend import backend_of
@@ -68,6 +68,10 @@ class CostEstimate:
   function: str = ''
   policy: str = ''
   notes: tuple[str, ...] = ()
+  platform: str = 'cpu'
+  """The platform whose compiler the model follows (``backend.py``): that
+  of the devices the arguments are placed on (a ``target_mesh``'s), else
+  JAX's default device's."""
 
 
 _cache = ResultCache(max_entries=256)
@@ -113,22 +117,26 @@ def estimate_costs(f, *args, policy=None, lowering: str | None = None,
          for x in problem.leaves):
     notes = (*notes, 'estimated for the whole program, not per device: the '
              'arguments are spread over several devices')
+  platform = target_device(find_placement(problem.leaves, step.program)).platform
+  if platform == 'tpu':
+    notes = (*notes, 'XLA:TPU fuses more than this model knows and tiles small '
+             'dimensions: on TPUs the estimate is far from the compiled peak, '
+             'either way (bench/estimates.py --target)')
   estimate = _estimate(step.traced.jaxpr, donated, function=problem.name,
-                       policy=step.policy, notes=notes, start=start)
+                       policy=step.policy, notes=notes, start=start, platform=platform)
   _cache.put(key, estimate)
   return estimate
 
 
 def _estimate(closed: ClosedJaxpr, donated, *, function, policy, notes,
-              start) -> CostEstimate:
+              start, platform) -> CostEstimate:
   model_start = time.perf_counter()
   jaxpr = closed.jaxpr
   arguments = sum(value_bytes(v) for v in jaxpr.invars)
   outputs = sum(value_bytes(v) for v in jaxpr.outvars)
   if len(jaxpr.outvars) > 1:  # XLA's output tuple: a pointer per element
     outputs += _POINTER_BYTES * len(jaxpr.outvars)
-  # The platform the step compiles for (``compile_costs``' device).
-  backend = backend_of(jax.devices()[0].platform)
+  backend = backend_of(platform)
   temporaries = peak_bytes(closed, count_outputs=False, backend=backend)
   peak = arguments + outputs + temporaries - _donated_bytes(jaxpr, donated)
   return CostEstimate(
@@ -136,7 +144,7 @@ def _estimate(closed: ClosedJaxpr, donated, *, function, policy, notes,
       residual_bytes=residual_bytes(closed), argument_bytes=arguments,
       output_bytes=outputs, seconds=time.perf_counter() - start,
       model_seconds=time.perf_counter() - model_start,
-      function=function, policy=policy, notes=notes)
+      function=function, policy=policy, notes=notes, platform=platform)
 
 
 def _donated_bytes(jaxpr, donated) -> int:

@@ -26,7 +26,8 @@ A liveness model of what XLA would hold, read from the jaxpr alone:
   layout, values its reductions do not fuse, cheap values repeated in their
   readers, values both passes read) is added as it would run.
 
-Equations run in the jaxpr's order, which XLA's scheduler is free to change:
+Equations run in the jaxpr's order (on the CPU, remat's recompute moved
+to the forward pass, ``backend.py``), which XLA's scheduler is free to change:
 this is a model, not a measurement (``bench/estimates.py`` measures how far
 from XLA's compiled peak it lands).
 """
@@ -74,7 +75,8 @@ class _Scope:
       self.ops = with_layout_copies(self.ops)
     if backend.materialises_values_both_passes_read:
       self.ops = with_shared_broadcasts(self.ops)
-    self.ops = in_schedule_order(self.ops)
+    if backend.runs_recompute_early:
+      self.ops = in_schedule_order(self.ops)
     self.root: dict = {}
     size: dict = {}  # root -> its bytes
     outputs = [env[v] for v in jaxpr.outvars if isinstance(v, Var)]

@@ -184,13 +184,9 @@ def _behind_barrier(eqn: JaxprEqn, reads) -> frozenset:
 
 
 def in_schedule_order(ops: list[Op]) -> list[Op]:
-  """The equations in the order XLA's scheduler runs them, as modelled:
-  everything that does not wait for the backward pass first, in program
-  order. Remat's recompute outside a loop waits only for its inputs (the
-  barrier that keeps XLA from merging it with the forward pass does not
-  tie it to the backward pass), and XLA runs it early, keeping its results
-  from then on; inside a loop body it runs at the start of each iteration.
-  """
+  """The equations in the order XLA:CPU's scheduler runs them, as
+  modelled: everything that does not wait for the backward pass first, in
+  program order, remat's recompute included (``backend.py``)."""
   waiting: set = set()
   early, late = [], []
   for op in ops:

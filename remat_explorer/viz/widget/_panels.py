@@ -97,12 +97,15 @@ def progress_html(tasks) -> str:
 
 def estimate_html(label: str, estimate) -> str:
   """The figures estimated from the jaxpr (``estimate_costs``) while the
-  compile runs, said to be an estimate: a model, not XLA's numbers."""
+  compile runs, said to be an estimate: a model of the platform's XLA, not
+  its numbers, with the estimate's notes."""
+  notes = ''.join(f' {html_text(note)}.' for note in estimate.notes)
   return (f'<p class="remat-caption remat-estimate">Estimated from the jaxpr under '
           f'{html_text(label)}, before XLA compiles it: peak about '
           f'{html_text(format_bytes(estimate.peak_bytes))}, about '
-          f'{html_text(format_flops(estimate.flops))} (a model of what XLA will do, '
-          'not its figures; they replace this when the compile lands).</p>')
+          f'{html_text(format_flops(estimate.flops))} (a model of what '
+          f'XLA:{html_text(estimate.platform.upper())} will do, not its figures; they '
+          f'replace this when the compile lands).{notes}</p>')
 
 
 def error_text(e: Exception) -> str:
