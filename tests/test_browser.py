@@ -1227,7 +1227,8 @@ def test_the_updating_badge_leaves_the_estimate_in_view(browser):  # noqa: F811
   from types import SimpleNamespace
   from remat_explorer.viz.widget import _panels
   estimate = _panels.estimate_html('dots_saveable',
-                                   SimpleNamespace(peak_bytes=123_456_789, flops=4.5e12))
+                                   SimpleNamespace(peak_bytes=123_456_789, flops=4.5e12,
+                                                   platform='gpu', notes=()))
   view = (f'<div class="widget-box widget-vbox {_panels.STALE}" '
           'style="display: flex; flex-direction: column">'
           f'<div class="widget-html {_panels.ESTIMATE}">{estimate}</div>'
