@@ -264,13 +264,18 @@ def _on(mesh, tree):
 def test_an_estimate_for_a_gpu_follows_the_gpus_schedule():
   """XLA:CPU runs remat's recompute with the forward pass (an unrolled
   transformer's ``nothing_saveable`` compiles to its peak without remat
-  there); XLA:GPU runs it where the backward pass reads it. An estimate
-  for arguments on a compile-only H100 follows the GPU: each policy near
-  the peak XLA compiles for the H100 by hand, and ordered as it is."""
+  there); XLA:GPU runs it where the backward pass reads it, and makes apart
+  every value remat's backward block reads through its barrier (so
+  ``everything_saveable`` compiles above no remat). An estimate for
+  arguments on a compile-only H100 follows the GPU: each policy near the
+  peak XLA compiles for the H100 by hand (``everything_saveable`` 13% over
+  here), and ordered as it is."""
   mesh = rx.target_mesh('h100')
   rows = {}
-  for label, policy in (('no remat', None), ('nothing_saveable', cp.nothing_saveable),
-                        ('dots_saveable', cp.dots_saveable)):
+  for label, policy, tolerance in (('no remat', None, 0.10),
+                                   ('nothing_saveable', cp.nothing_saveable, 0.10),
+                                   ('dots_saveable', cp.dots_saveable, 0.10),
+                                   ('everything_saveable', cp.everything_saveable, 0.15)):
     loss, args = examples.transformer(num_layers=3, d_model=64, seq_len=64, batch=4,
                                       seed=31, policy=policy, remat=policy is not None)
     args = _on(mesh, args)
@@ -278,10 +283,11 @@ def test_an_estimate_for_a_gpu_follows_the_gpus_schedule():
     by_hand = jax.jit(jax.value_and_grad(loss)).lower(*args).compile()
     rows[label] = estimate.peak_bytes, by_hand.memory_analysis().peak_memory_in_bytes
     assert estimate.platform == 'gpu'
-    assert abs(rows[label][0] / rows[label][1] - 1) <= 0.10, (label, rows[label])
+    assert abs(rows[label][0] / rows[label][1] - 1) <= tolerance, (label, rows[label])
   estimated = sorted(rows, key=lambda label: rows[label][0])
   assert estimated == sorted(rows, key=lambda label: rows[label][1]), rows
-  assert estimated == ['nothing_saveable', 'dots_saveable', 'no remat'], rows
+  assert estimated == ['nothing_saveable', 'dots_saveable', 'no remat',
+                       'everything_saveable'], rows
   # XLA:TPU's fusions are not modelled, and the estimate says so.
   loss, args = examples.transformer(num_layers=1, d_model=32, seq_len=16, batch=2, seed=32)
   on_tpu = estimate_costs(loss, *_on(rx.target_mesh('v5e:2x2'), args))

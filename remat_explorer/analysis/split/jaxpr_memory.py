@@ -125,6 +125,13 @@ class _Scope:
         k: not (op.kind == 'fusible' and fused_reader.get(k, True) and k not in self.outputs
                 and (readers.get(k, 0) <= 1 or op.name not in EXPENSIVE))
         for k, op in self.made_by.items()}
+    # Values remat's backward block reads through its optimization barrier
+    # (``backend.py``).
+    if backend.materialises_values_read_through_barriers:
+      for i, op in enumerate(self.ops):
+        for k in op.fenced.intersection(op.reads) if self.live[i] else ():
+          if self.of(k) in self.made_by:
+            self.materialised[self.of(k)] = True
     # Values both passes read that XLA makes apart rather than repeat
     # (``backend.py``).
     if backend.materialises_values_both_passes_read:
