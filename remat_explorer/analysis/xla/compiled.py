@@ -357,7 +357,8 @@ class _StepCompile:
         notes.append(f'memory timeline unavailable: {type(e).__name__}: {e}')
       try:
         # XLA:GPU's own cost_analysis() leaves out the matmuls of its GEMM
-        # fusions and cuBLAS calls: a GPU's count is made from the text.
+        # fusions and its cuBLAS and cuDNN calls: a GPU's count is made from
+        # the text.
         executed = executed_flops(module, self.device,
                                   None if common['platform'] == 'gpu' else cost.get('flops'))
       except Exception as e:  # a text XLA's parser refuses: say so, keep the rest

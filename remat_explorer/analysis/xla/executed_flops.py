@@ -26,10 +26,15 @@ conditional runs (the binomial loop's backward pass reverses a step on
 ``n - 1`` of its turns), it says so in the conditional's scope, and each
 branch is counted by its share of the runs. Nothing is estimated:
 each term is XLA's own count of a computation of the optimized module,
-with one addition: a GPU's matmuls that XLA hands to cuBLAS are custom calls,
-which XLA's cost analysis counts as nothing; each is counted as XLA counts
-the ``dot`` it replaces (2 x output elements x contracted size, and the
-output once more where the call also adds its ``beta`` operand).
+with one addition: a GPU's matmuls and convolutions that XLA hands to
+cuBLAS and cuDNN are custom calls, which XLA's cost analysis counts as
+nothing. A cuBLAS call is counted as XLA counts the ``dot`` it replaces
+(2 x output elements x contracted size, and the output once more where the
+call also adds its ``beta`` operand); a cuDNN call as XLA's cost analysis
+counts the forward ``convolution`` it carries the window and dimension
+labels of (a backward pass's call computes the input's or the kernel's
+gradient of that convolution: its operands and result are that
+convolution's, in another order), as XLA:GPU's own cost model counts it.
 """
 
 from __future__ import annotations
@@ -79,6 +84,7 @@ class _Counter:
     self.module, self.device = module, device
     self.counted: dict[str, float | None] = {}
     self.gemms: dict[str, float] = {}
+    self.convolutions: dict[str, float] = {}  # a convolution's HLO -> its FLOPs
     self.runs: dict[str, tuple[float, float]] = {}
     self.branching: dict[str, bool] = {}
     self.loops = self.unknown = 0
@@ -92,9 +98,9 @@ class _Counter:
     return self.counted[name]
 
   def library_gemms(self, name: str) -> float:
-    """FLOPs of the cuBLAS GEMM calls computation `name` runs, visited as
-    XLA's cost analysis visits computations: fusions, calls, a loop's body
-    and condition once each, a conditional's costliest branch."""
+    """FLOPs of the cuBLAS and cuDNN calls computation `name` runs, visited
+    as XLA's cost analysis visits computations: fusions, calls, a loop's
+    body and condition once each, a conditional's costliest branch."""
     if name not in self.gemms:
       self.gemms[name] = 0.0  # a module's calls form no cycle
       instructions = self.module.computations.get(name, [])
@@ -102,12 +108,23 @@ class _Counter:
       total = 0.0
       for instruction in instructions:
         total += _cublas_gemm_flops(instruction, by_name)
+        total += self.cudnn_convolution(instruction, by_name)
         if instruction.opcode == 'conditional':
           total += max((self.library_gemms(b) for b in instruction.branches()), default=0.0)
         else:
           total += sum(self.library_gemms(c) for c in instruction.all_called())
       self.gemms[name] = total
     return self.gemms[name]
+
+  def cudnn_convolution(self, instruction: Instruction, by_name) -> float:
+    """XLA's count of the forward convolution a cuDNN call stands for; 0
+    for any other instruction."""
+    text = _cudnn_convolution_hlo(instruction, by_name)
+    if text is None:
+      return 0.0
+    if text not in self.convolutions:
+      self.convolutions[text] = engine.hlo_text_flops(text, self.device) or 0.0
+    return self.convolutions[text]
 
   def loops_or_branches(self, name: str) -> bool:
     """Whether computation `name` runs a loop or a conditional, itself or
@@ -166,6 +183,41 @@ class _Counter:
     return self.runs[name]
 
 
+_CUDNN_CONVOLUTION = re.compile(r'custom_call_target="__cudnn\$(conv\w*)"')
+_CONVOLUTION_ATTRS = re.compile(
+    r'\b(window=\{[^}]*\}|dim_labels=[\w>-]+|feature_group_count=\d+|batch_group_count=\d+)')
+
+
+def _cudnn_convolution_hlo(instruction: Instruction, by_name: dict[str, Instruction]) -> str | None:
+  """A module of the one forward ``convolution`` a cuDNN call stands for,
+  or None for any other instruction. Its operands and result: the call's
+  (forward), the call's result as the image (the input's gradient), or as
+  the kernel (the kernel's gradient)."""
+  target = (_CUDNN_CONVOLUTION.search(instruction.attrs)
+            if instruction.opcode == 'custom-call' else None)
+  if target is None:
+    return None
+  operands = [by_name.get(o) for o in instruction.operands[:2]]
+  if any(o is None for o in operands):
+    raise ValueError(f'cannot read the shapes of the cuDNN call {instruction.name}')
+  first, second = (_array_type(o.shape) for o in operands)
+  result = _array_type(instruction.shape)
+  image, kernel, output = {'convBackwardInput': (result, second, first),
+                           'convBackwardFilter': (first, result, second)}.get(
+                               target.group(1), (first, second, result))
+  attrs = ', '.join(_CONVOLUTION_ATTRS.findall(instruction.attrs))
+  return ('HloModule convolution\n\nENTRY main {\n'
+          f'  image = {image} parameter(0)\n  kernel = {kernel} parameter(1)\n'
+          f'  ROOT output = {output} convolution(image, kernel), {attrs}\n}}\n')
+
+
+def _array_type(shape) -> str:
+  """``f32[4,16,16,8]``: the dtype and dimensions of an array result, or of
+  a tuple's first array (a library call returns its result and a workspace)."""
+  while isinstance(shape, list):
+    shape = shape[0]
+  assert isinstance(shape, Leaf)
+  return shape.type[:shape.type.index(']') + 1]
 _CUBLAS_GEMM = re.compile(r'custom_call_target="__cublas\$(?:lt\$matmul|gemm)')
 _LHS_CONTRACTING = re.compile(r'"lhs_contracting_dimensions":\[([^\]]*)\]')
 _BETA = re.compile(r'"beta":([-\d.eE+]+)')
