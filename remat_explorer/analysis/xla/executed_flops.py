@@ -32,9 +32,12 @@ nothing. A cuBLAS call is counted as XLA counts the ``dot`` it replaces
 (2 x output elements x contracted size, and the output once more where the
 call also adds its ``beta`` operand); a cuDNN call as XLA's cost analysis
 counts the forward ``convolution`` it carries the window and dimension
-labels of (a backward pass's call computes the input's or the kernel's
-gradient of that convolution: its operands and result are that
-convolution's, in another order), as XLA:GPU's own cost model counts it.
+labels of. A backward pass's call computes the input's or the kernel's
+gradient of that convolution, the same multiply-adds: its operands and
+result are that convolution's, in another order, put back in order here.
+(XLA:GPU's own cost model reads them in the call's order, which counts a
+kernel's gradient as a convolution producing the kernel: a small fraction
+of its work.)
 """
 
 from __future__ import annotations
