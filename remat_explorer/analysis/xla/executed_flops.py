@@ -86,7 +86,7 @@ class _Counter:
   def __init__(self, module: HloModule, device):
     self.module, self.device = module, device
     self.counted: dict[str, float | None] = {}
-    self.gemms: dict[str, float] = {}
+    self.library: dict[str, float] = {}
     self.convolutions: dict[str, float] = {}  # a convolution's HLO -> its FLOPs
     self.runs: dict[str, tuple[float, float]] = {}
     self.branching: dict[str, bool] = {}
@@ -97,15 +97,15 @@ class _Counter:
     if name not in self.counted:
       counted = engine.hlo_text_flops(self.module.as_entry(name), self.device)
       self.counted[name] = (None if counted is None
-                            else counted + self.library_gemms(name))
+                            else counted + self.library_calls(name))
     return self.counted[name]
 
-  def library_gemms(self, name: str) -> float:
+  def library_calls(self, name: str) -> float:
     """FLOPs of the cuBLAS and cuDNN calls computation `name` runs, visited
     as XLA's cost analysis visits computations: fusions, calls, a loop's
     body and condition once each, a conditional's costliest branch."""
-    if name not in self.gemms:
-      self.gemms[name] = 0.0  # a module's calls form no cycle
+    if name not in self.library:
+      self.library[name] = 0.0  # a module's calls form no cycle
       instructions = self.module.computations.get(name, [])
       by_name = {i.name: i for i in instructions}
       total = 0.0
@@ -113,11 +113,11 @@ class _Counter:
         total += _cublas_gemm_flops(instruction, by_name)
         total += self.cudnn_convolution(instruction, by_name)
         if instruction.opcode == 'conditional':
-          total += max((self.library_gemms(b) for b in instruction.branches()), default=0.0)
+          total += max((self.library_calls(b) for b in instruction.branches()), default=0.0)
         else:
-          total += sum(self.library_gemms(c) for c in instruction.all_called())
-      self.gemms[name] = total
-    return self.gemms[name]
+          total += sum(self.library_calls(c) for c in instruction.all_called())
+      self.library[name] = total
+    return self.library[name]
 
   def cudnn_convolution(self, instruction: Instruction, by_name) -> float:
     """XLA's count of the forward convolution a cuDNN call stands for; 0
@@ -245,12 +245,9 @@ def _cublas_gemm_flops(instruction: Instruction, by_name: dict[str, Instruction]
 
 
 def _dims(shape) -> list[int]:
-  """The dimensions of an array result, or of a tuple's first array (a
-  cuBLAS call returns its product and a workspace)."""
-  while isinstance(shape, list):
-    shape = shape[0]
-  assert isinstance(shape, Leaf)
-  dims = shape.type[shape.type.index('[') + 1:shape.type.index(']')]
+  """The dimensions of an array result, or of a tuple's first array."""
+  array = _array_type(shape)
+  dims = array[array.index('[') + 1:-1]
   return [int(re.search(r'\d+', d).group()) for d in dims.split(',') if d]  # '<=8': its bound
 
 
