@@ -185,21 +185,21 @@ def bench_estimates(frameworks: bool, only=None, target=None) -> None:
       compile_seconds = time.perf_counter() - start + trace_seconds
       peak_error = estimate.peak_bytes / costs.peak_bytes - 1
       flops_error = (estimate.flops / costs.executed_flops - 1
-                     if costs.executed_flops else float('nan'))
+                     if costs.executed_flops else None)
       ratio = estimate.seconds / compile_seconds
       added = (estimate.model_seconds - in_model) / compile_seconds
       collected.append(in_model)
       (peak_errors if name in EXAMPLES else outside_errors).append(abs(peak_error))
       peaks.setdefault(name, {})[label] = (estimate.peak_bytes, costs.peak_bytes,
                                            estimate.residual_bytes)
-      if flops_error == flops_error:  # not nan
+      if flops_error is not None:
         flops_errors.append(abs(flops_error))
       time_ratios.append(ratio)
       added_ratios.append(added)
       print(f'{name:<24} {label[:36]:<36} '
             f'{estimate.peak_bytes / 2**20:9.2f} / {costs.peak_bytes / 2**20:7.2f} MiB '
             f'{peak_error:+8.2%} '
-            + (f'{flops_error:+11.2%} ' if flops_error == flops_error else f'{"n/a":>11} ')
+            + (f'{flops_error:+11.2%} ' if flops_error is not None else f'{"n/a":>11} ')
             + f'{estimate.seconds * 1e3:5.0f} ms {ratio:6.1%} {added:6.2%}')
   if not peaks:
     print(f'no model matched --only {" ".join(only)}')

@@ -53,6 +53,12 @@ def _loss(policy=None, unroll=1):
   return loss
 
 
+def _replicated(mesh, tree):
+  """`tree`'s arrays as abstract arguments replicated over `mesh`."""
+  return jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(
+      a.shape, a.dtype, sharding=NamedSharding(mesh, P())), tree)
+
+
 def _by_hand(loss, *args, argnums=0):
   return jax.jit(jax.value_and_grad(loss, argnums=argnums)).lower(*args).compile()
 
@@ -232,8 +238,7 @@ def test_a_gpu_merging_matmuls_is_not_taken_for_a_merged_recompute():
   mesh = rx.target_mesh('h100')
   loss, args = examples.transformer(use_scan=False, num_layers=1, d_model=128, seq_len=128,
                                     batch=2, seed=int(np.random.default_rng(7).integers(1000)))
-  args = jax.tree_util.tree_map(
-      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, P())), args)
+  args = _replicated(mesh, args)
   policy = jax.checkpoint_policies.nothing_saveable
   flags = {}
   for lowering in ('barrier', 'none'):
@@ -307,8 +312,7 @@ def test_what_is_live_at_the_peak_is_named_on_the_target(tpu_transformer):
 def test_a_search_budget_may_be_a_share_of_the_devices_memory():
   mesh = rx.target_mesh('a100_40gb')
   loss, args = examples.mlp(num_layers=4, width=256, batch=64, abstract=True)
-  args = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(
-      a.shape, a.dtype, sharding=NamedSharding(mesh, P())), args)
+  args = _replicated(mesh, args)
   found = rx.search_policy(loss, *args, memory_budget='50%')
   assert found.budget_bytes == 42331013120 // 2
   assert found.fits and found.costs.platform == 'gpu'
@@ -473,14 +477,13 @@ def test_policies_whose_forward_passes_lower_alike_ask_the_partitioner_once():
 def test_convolutions_a_gpu_hands_to_cudnn_count_as_the_convolutions_they_are():
   """XLA:GPU runs a convolution, its input's gradient and its kernel's as
   cuDNN custom calls, which XLA's cost analysis counts as nothing: each is
-  counted as the forward convolution it carries the window of, as XLA:GPU's
-  cost model counts it. With nothing recomputed, the step's executed FLOPs
+  counted as the forward convolution it carries the window of, its operands
+  put back in that convolution's order. With nothing recomputed, the step's executed FLOPs
   on a compile-only H100 are within 3% of XLA:CPU's count of the same step,
   which has no such calls (it counts each backward convolution by its own
   window), and of the jaxpr's."""
   mesh = rx.target_mesh('h100')
-  place = lambda tree: jax.tree.map(lambda a: jax.ShapeDtypeStruct(
-      a.shape, a.dtype, sharding=NamedSharding(mesh, P())), tree)
+  place = lambda tree: _replicated(mesh, tree)
   loss, args = examples.convnet(num_blocks=2, channels=8, image_size=16, batch=4, seed=41,
                                 policy=rx.checkpoint_policies.everything_saveable)
   on_gpu = rx.compile_costs(loss, *place(args))
