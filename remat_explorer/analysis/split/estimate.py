@@ -119,9 +119,9 @@ def estimate_costs(f, *args, policy=None, lowering: str | None = None,
              'arguments are spread over several devices')
   platform = target_device(find_placement(problem.leaves, step.program)).platform
   if platform == 'tpu':
-    notes = (*notes, 'XLA:TPU fuses more than this model knows and tiles small '
-             'dimensions: on TPUs the estimate is far from the compiled peak, '
-             'either way (bench/estimates.py --target)')
+    notes = (*notes, 'XLA:TPU fuses more than this model knows: on TPUs the '
+             'estimate is far from the compiled peak, either way '
+             '(bench/estimates.py --target)')
   estimate = _estimate(step.traced.jaxpr, donated, function=problem.name,
                        policy=step.policy, notes=notes, start=start, platform=platform)
   _cache.put(key, estimate)
@@ -132,13 +132,14 @@ def _estimate(closed: ClosedJaxpr, donated, *, function, policy, notes,
               start, platform) -> CostEstimate:
   model_start = time.perf_counter()
   jaxpr = closed.jaxpr
-  arguments = sum(value_bytes(v) for v in jaxpr.invars)
-  outputs = sum(value_bytes(v) for v in jaxpr.outvars)
+  backend = backend_of(platform)
+  stored = backend.stored_bytes
+  arguments = sum(stored(v.aval) for v in jaxpr.invars)
+  outputs = sum(stored(v.aval) for v in jaxpr.outvars)
   if len(jaxpr.outvars) > 1:  # XLA's output tuple: a pointer per element
     outputs += _POINTER_BYTES * len(jaxpr.outvars)
-  backend = backend_of(platform)
   temporaries = peak_bytes(closed, count_outputs=False, backend=backend)
-  peak = arguments + outputs + temporaries - _donated_bytes(jaxpr, donated)
+  peak = arguments + outputs + temporaries - _donated_bytes(jaxpr, donated, stored)
   return CostEstimate(
       peak_bytes=peak, flops=jaxpr_flops(closed),
       residual_bytes=residual_bytes(closed), argument_bytes=arguments,
@@ -147,9 +148,9 @@ def _estimate(closed: ClosedJaxpr, donated, *, function, policy, notes,
       function=function, policy=policy, notes=notes, platform=platform)
 
 
-def _donated_bytes(jaxpr, donated) -> int:
-  """Bytes of outputs XLA can write over a donated argument of the same
-  type (each argument given to one output)."""
+def _donated_bytes(jaxpr, donated, stored_bytes) -> int:
+  """Bytes (`stored_bytes` of each) of outputs XLA can write over a donated
+  argument of the same type (each argument given to one output)."""
   free = [jaxpr.invars[i].aval for i in donated]
   given = 0
   for out in jaxpr.outvars:
@@ -157,7 +158,7 @@ def _donated_bytes(jaxpr, donated) -> int:
     for i, candidate in enumerate(free):
       if (candidate is not None and aval is not None
           and (candidate.shape, candidate.dtype) == (aval.shape, aval.dtype)):
-        given += value_bytes(out)
+        given += stored_bytes(aval)
         free[i] = None
         break
   return given

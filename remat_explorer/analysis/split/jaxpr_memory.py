@@ -112,7 +112,7 @@ class _Scope:
           if source is not None:
             self.root[out] = self.of(source)
         continue
-      for out, out_bytes in zip(op.writes, op.output_bytes()):
+      for out, out_bytes in zip(op.writes, op.output_bytes(backend.stored_bytes)):
         size[out] = out_bytes
         self.made_by[out] = op
     self.outputs = {self.of(k) for k in outputs}

@@ -130,10 +130,11 @@ class Op:
   def has_effects(self) -> bool:
     return not self.added and bool(self.eqn.effects)
 
-  def output_bytes(self) -> list[int]:
+  def output_bytes(self, stored_bytes=aval_bytes) -> list[int]:
+    """What each output takes, `stored_bytes` of its abstract value."""
     if self.added:
       return [self.added_bytes]
-    return [value_bytes(v) for v in self.eqn.outvars]
+    return [stored_bytes(v.aval) for v in self.eqn.outvars]
 
 
 def flatten(jaxpr: Jaxpr, env: dict, counter, ops: list, inputs: set,
