@@ -2,7 +2,8 @@
 
 How long each takes is measured, not asserted: ``python tests/run_notebooks.py
 notebooks/*.ipynb`` prints each notebook's seconds (docs/pages/notebooks.md promises
-under a minute each on a CPU). The timeout here only stops a hung cell."""
+under a minute each on a CPU, and about two for 09, whose compiles are for a
+TPU pod and 8 H100s). The timeout here only stops a hung cell."""
 
 from pathlib import Path
 
