@@ -168,9 +168,6 @@ def _padded(n: int, multiple: int) -> int:
   return -(-n // multiple) * multiple
 
 
-GENERIC = backend_of('')
-
-
 def convolution_operands_to_copy(eqn: JaxprEqn) -> list[int]:
   """Positions of a convolution's operands that are not in the order XLA:CPU
   runs convolutions in (see the module)."""
