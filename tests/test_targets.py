@@ -477,17 +477,16 @@ def test_policies_whose_forward_passes_lower_alike_ask_the_partitioner_once():
 def test_convolutions_a_gpu_hands_to_cudnn_count_as_the_convolutions_they_are():
   """XLA:GPU runs a convolution, its input's gradient and its kernel's as
   cuDNN custom calls, which XLA's cost analysis counts as nothing: each is
-  counted as the forward convolution it carries the window of, its operands
-  put back in that convolution's order. With nothing recomputed, the step's executed FLOPs
-  on a compile-only H100 are within 3% of XLA:CPU's count of the same step,
-  which has no such calls (it counts each backward convolution by its own
-  window), and of the jaxpr's."""
-  mesh = rx.target_mesh('h100')
-  place = lambda tree: _replicated(mesh, tree)
+  counted as the forward convolution it carries the window of, its
+  operands put back in that convolution's order. With nothing recomputed,
+  the step's executed FLOPs on a compile-only H100 are within 3% of
+  XLA:CPU's count of the same step, which has no such calls (it counts
+  each backward convolution by its own window), and of the jaxpr's."""
   loss, args = examples.convnet(num_blocks=2, channels=8, image_size=16, batch=4, seed=41,
                                 policy=rx.checkpoint_policies.everything_saveable)
-  on_gpu = rx.compile_costs(loss, *place(args))
-  hlo = _by_hand(loss, *place(args)).as_text()
+  on_h100 = _replicated(rx.target_mesh('h100'), args)
+  on_gpu = rx.compile_costs(loss, *on_h100)
+  hlo = _by_hand(loss, *on_h100).as_text()
   assert len(re.findall(r'custom_call_target="__cudnn\$conv', hlo)) >= 3
   by_cpu = _by_hand(loss, *args).cost_analysis()['flops']  # no loops: XLA's count
   assert abs(on_gpu.executed_flops / by_cpu - 1) <= 0.03, (on_gpu.executed_flops, by_cpu)

@@ -221,6 +221,8 @@ def _array_type(shape) -> str:
     shape = shape[0]
   assert isinstance(shape, Leaf)
   return shape.type[:shape.type.index(']') + 1]
+
+
 _CUBLAS_GEMM = re.compile(r'custom_call_target="__cublas\$(?:lt\$matmul|gemm)')
 _LHS_CONTRACTING = re.compile(r'"lhs_contracting_dimensions":\[([^\]]*)\]')
 _BETA = re.compile(r'"beta":([-\d.eE+]+)')
