@@ -207,6 +207,37 @@ def test_a_recurrent_lm_s_policies_are_ordered_as_they_compile(monkeypatch):
     assert abs(estimated[label] / compiled[label] - 1) <= 0.10, (label, estimated, compiled)
 
 
+@pytest.mark.skipif(jax.devices()[0].platform != 'cpu',
+                    reason="the rules read off XLA:CPU's programs apply on the CPU alone")
+def test_a_softmax_denominator_both_passes_broadcast_is_one_buffer_per_layer(monkeypatch):
+  """Attention over 256 tokens: the softmax divides by its denominator in
+  the forward pass, and the backward pass's dot fusion divides by the same
+  one. XLA:CPU keeps that broadcast as one full-size buffer per layer from
+  the forward pass on, so without remat the step compiles more than 10%
+  above ``everything_saveable``, whose barrier keeps the passes apart. The
+  estimate holds it too and orders the two as they compile; without the
+  rule it is over 15% under and gives both one figure."""
+  loss, args = examples.transformer(num_layers=2, d_model=64, num_heads=4, seq_len=256,
+                                    batch=8, seed=25)
+  policies = {'no remat': NO_REMAT, 'everything_saveable': cp.everything_saveable}
+  rule = 'dot_fusions_read_broadcasts_apart'
+  clear_caches()
+  compiled = {label: compile_costs(loss, *args, policy=policy).peak_bytes
+              for label, policy in policies.items()}
+  estimated = {label: estimate_costs(loss, *args, policy=policy).peak_bytes
+               for label, policy in policies.items()}
+  clear_caches()
+  monkeypatch.setattr(estimate_module, 'backend_of', lambda platform: dataclasses.replace(
+      backend_of(platform), **{rule: False}))
+  without = estimate_costs(loss, *args, policy=NO_REMAT).peak_bytes
+  clear_caches()
+  assert compiled['no remat'] > 1.10 * compiled['everything_saveable'], compiled
+  assert estimated['no remat'] > estimated['everything_saveable'], estimated
+  for label in policies:
+    assert abs(estimated[label] / compiled[label] - 1) <= 0.10, (label, estimated, compiled)
+  assert without / compiled['no remat'] - 1 <= -0.15, (without, compiled)
+
+
 def test_arithmetic_the_simplifier_removes_holds_no_buffer():
   """``x - zeros`` (an RMS norm's mean, as Flax writes it) and ``x * ones``
   are ``x`` to XLA: a program with them compiles to the temporaries of the

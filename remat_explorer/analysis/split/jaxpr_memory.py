@@ -74,7 +74,8 @@ class _Scope:
     if backend.convolution_layouts:
       self.ops = with_layout_copies(self.ops)
     if backend.materialises_values_both_passes_read:
-      self.ops = with_shared_broadcasts(self.ops)
+      self.ops = with_shared_broadcasts(
+          self.ops, dot_fusions=backend.dot_fusions_read_broadcasts_apart)
     if backend.runs_recompute_early:
       self.ops = in_schedule_order(self.ops)
     self.root: dict = {}

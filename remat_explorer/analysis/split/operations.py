@@ -46,6 +46,9 @@ LOOPS_AND_BRANCHES = frozenset(('scan', 'while', 'cond'))
 # layout copy or a shared broadcast fuses what makes its operand and is
 # materialised.
 ADDED_KINDS = {'layout copy': 'reduction', 'shared broadcast': 'reduction'}
+# The fewest elements of a value whose broadcast XLA:CPU's fusion of a dot
+# with the elementwise work on its result reads made apart (``backend.py``).
+DOT_FUSION_MIN_ELEMENTS = 4096
 # Equations that write into their first operand where it dies.
 IN_PLACE = frozenset('''
     dynamic_update_slice scatter scatter-add scatter_add scatter-mul
@@ -228,20 +231,25 @@ def with_layout_copies(ops: list[Op]) -> list[Op]:
   return _with_added(ops, after)
 
 
-def with_shared_broadcasts(ops: list[Op]) -> list[Op]:
+def with_shared_broadcasts(ops: list[Op], *, dot_fusions: bool) -> list[Op]:
   """`ops` with one buffer for each broadcast that both passes make of the
   same value to the same shape (``backend.py``: XLA's CSE makes them one
   value, which it makes apart), placed before its first reader and read by
-  each in the broadcast's place. A broadcast is a ``broadcast_in_dim`` or
-  an operand an elementwise equation broadcasts to its result's shape; a
-  value read through remat's optimization barrier is another value to CSE
-  than the same one outside it."""
+  each in the broadcast's place, where an equation of broadcasts alone
+  reads it or, with `dot_fusions`, one the backward pass fuses into a dot
+  (``backend.py``: a broadcast a dot's fusion reads). A broadcast is a
+  ``broadcast_in_dim`` or an operand an elementwise equation broadcasts to
+  its result's shape; a value read through remat's optimization barrier is
+  another value to CSE than the same one outside it."""
   source_of: dict = {}  # key -> the key it views
   uses: dict = {}  # (source, shape, dtype, fenced) -> [(op index, operand position)]
-  outer_product: set = set()  # the keys an equation of broadcasts alone reads
+  made_apart: set = set()  # the keys XLA:CPU makes apart when both passes read them
+  dot_outputs: set = set()
   for i, op in enumerate(ops):
     if op.added:
       continue
+    if op.name == 'dot_general':
+      dot_outputs.update(op.writes)
     if op.is_view():
       for out, source in zip(op.writes, op.reads):
         if source is not None:
@@ -253,6 +261,10 @@ def with_shared_broadcasts(ops: list[Op]) -> list[Op]:
     positions = (0,) if op.name == 'broadcast_in_dim' else range(len(op.reads))
     smaller = [aval_bytes(op.eqn.invars[p].aval) < aval_bytes(out) for p in positions]
     outer = op.name != 'broadcast_in_dim' and len(smaller) > 1 and all(smaller)
+    # XLA:CPU fuses a dot with the elementwise work on its result, and such
+    # a fusion reads its broadcast operands of enough elements made apart.
+    dot_epilogue = dot_fusions and op.is_backward() and any(
+        source_of.get(k, k) in dot_outputs for k in op.reads if k is not None)
     for position, broadcast in zip(positions, smaller):
       k = op.reads[position]
       if k is None or not broadcast:
@@ -260,11 +272,12 @@ def with_shared_broadcasts(ops: list[Op]) -> list[Op]:
       source = source_of.get(k, k)
       key = (source, out.shape, out.dtype, source in op.fenced or k in op.fenced)
       uses.setdefault(key, []).append((i, position))
-      if outer:
-        outer_product.add(key)
+      if outer or (dot_epilogue
+                   and op.eqn.invars[position].aval.size >= DOT_FUSION_MIN_ELEMENTS):
+        made_apart.add(key)
   after: dict[int, list[Op]] = {}
   for key, readers in uses.items():
-    if key not in outer_product or len({ops[i].is_backward() for i, _ in readers}) < 2:
+    if key not in made_apart or len({ops[i].is_backward() for i, _ in readers}) < 2:
       continue
     first = ops[readers[0][0]]
     shared = Op(None, [key[0]], [('shared broadcast', key)], added='shared broadcast',
