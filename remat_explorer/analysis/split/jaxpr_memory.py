@@ -85,6 +85,7 @@ class _Scope:
     fused_reader: dict = {}  # root -> read only by fusing equations
     last_fused_read: dict = {}  # root -> the last fusing equation that reads it
     readers: dict = {}
+    self.reduced: set = set()  # roots a reduction reads
     passes: dict = {}  # root -> {whether a reader is the backward pass's}
     self.constants: dict = {}  # key -> the one number all its elements are
     self.last_use: dict = {}
@@ -102,6 +103,8 @@ class _Scope:
         if kind != 'materialising':
           last_fused_read[r] = i
         readers[r] = readers.get(r, 0) + 1
+        if kind == 'reduction':
+          self.reduced.add(r)
         passes.setdefault(r, set()).add(backward)
       self._note_constant(op)
       unchanged = self._operand_returned(op)
@@ -292,7 +295,7 @@ def peak_bytes(jaxpr: Jaxpr | ClosedJaxpr, *, count_outputs: bool = True,
       new += n
       if k not in last_use:
         never_read += n
-    reused = _reused_bytes(op, scope, outs, dying) if new else 0
+    reused = _reused_bytes(op, scope, outs, dying, backend) if new else 0
     peak = max(peak, live + new - reused + _op_running_bytes(op, backend))
     live += new - never_read
     for r in dying:
@@ -319,10 +322,12 @@ def _loop_state(scope: _Scope) -> set:
           if k not in scope.root and k in scope.last_use and scope.allocated(k)}
 
 
-def _reused_bytes(op: Op, scope: _Scope, outs, dying) -> int:
+def _reused_bytes(op: Op, scope: _Scope, outs, dying, backend: Backend) -> int:
   """Bytes of a dying operand an output is written over."""
   if not outs or not scope.allocated(outs[0]):
     return 0
+  if backend.reduction_fusions_write_apart and outs[0] in scope.reduced:
+    return 0  # fused with the reduction that reads it (``backend.py``)
   operands = op.roots
   if op.name in IN_PLACE and op.reads[0] is not None:
     operand = scope.of(op.reads[0])
