@@ -65,9 +65,10 @@ class _Scope:
   are materialised, and where each dies."""
 
   def __init__(self, jaxpr: Jaxpr, count_outputs: bool, uncounted=(),
-               backend: Backend = GENERIC):
+               backend: Backend = GENERIC, sliced=()):
     counter = itertools.count()
     env: dict = {v: next(counter) for v in jaxpr.invars}
+    sliced = {env[jaxpr.invars[i]]: backend.stored_bytes(jaxpr.invars[i].aval) for i in sliced}
     inputs: set = set(env.values())
     self.ops: list[Op] = []
     flatten(jaxpr, env, counter, self.ops, inputs)
@@ -167,6 +168,16 @@ class _Scope:
     self.bytes = {k: n for k, n in size.items()
                   if self.materialised[k] and k not in inputs and k not in uncounted
                   and (count_outputs or k not in self.outputs)}
+    # A loop body's slice of its stacked inputs that remat's backward block
+    # reads through its barrier, other than by a matmul, is a buffer of the
+    # body's (``backend.py``).
+    self.slices_read_through_barriers = set()
+    if backend.materialises_slices_read_through_barriers and sliced:
+      for i, op in enumerate(self.ops):
+        for k in op.fenced.intersection(op.reads) if self.live[i] else ():
+          if self.of(k) in sliced and op.name != 'dot_general':
+            self.bytes[self.of(k)] = sliced[self.of(k)]
+            self.slices_read_through_barriers.add(self.of(k))
 
   def _note_constant(self, op: Op) -> None:
     """Record `op`'s value if every element of it is one literal number."""
@@ -268,20 +279,21 @@ class _Scope:
 
 
 def peak_bytes(jaxpr: Jaxpr | ClosedJaxpr, *, count_outputs: bool = True,
-               uncounted=(), backend: Backend = GENERIC) -> int:
+               uncounted=(), backend: Backend = GENERIC, sliced=()) -> int:
   """The most bytes of values `jaxpr` makes that are live at once while it
   runs (its inputs not counted: its caller holds them); its outputs
   included unless `count_outputs` is False (the program's outputs, which XLA
   places apart); the outputs at positions `uncounted` never (a loop body's
   stacked outputs, written into the loop's buffer). `backend`: the rules of
   the platform it will run on (``backend.py``)."""
-  scope = _Scope(as_jaxpr(jaxpr), count_outputs, uncounted, backend)
+  scope = _Scope(as_jaxpr(jaxpr), count_outputs, uncounted, backend, sliced)
   dies_at: dict[int, list] = {}
   for r, i in scope.last_use.items():
     dies_at.setdefault(i, []).append(r)
   allocated, root, last_use = scope.bytes.get, scope.root, scope.last_use
   # On the CPU every loop's state is made when the program starts (``backend.py``).
   early = _loop_state(scope) if backend.loop_state_made_first else set()
+  early |= scope.slices_read_through_barriers
   live = sum(allocated(k, 0) for k in early)
   peak = 0
   for i, (op, is_live) in enumerate(zip(scope.ops, scope.live)):
@@ -356,9 +368,9 @@ def _running_bytes(eqn: JaxprEqn, backend: Backend) -> int:
   if name == 'scan':
     body = as_jaxpr(params['jaxpr'])
     # The stacked outputs are written in place, a slice per iteration.
-    _, num_carry = scan_consts_and_carries(params)
+    num_consts, num_carry = scan_consts_and_carries(params)
     return peak_bytes(body, uncounted=range(num_carry, len(body.outvars)),
-                      backend=backend)
+                      backend=backend, sliced=range(num_consts + num_carry, len(body.invars)))
   if name == 'while':
     return max(peak_bytes(params['body_jaxpr'], backend=backend),
                peak_bytes(params['cond_jaxpr'], backend=backend))
