@@ -131,18 +131,30 @@ def _recurrent_lm():
   return framework_models.linen_recurrent(batch=4, seq=128, width=64, depth=3)
 
 
+def _figures_with_and_without(monkeypatch, rule: str, loss, args, policies: dict):
+  """{label: peak} of `loss` under each of `policies`: compiled, estimated,
+  and estimated without `rule` (a field of ``backend.Backend``)."""
+  clear_caches()
+  compiled = {label: compile_costs(loss, *args, policy=policy).peak_bytes
+              for label, policy in policies.items()}
+  estimated = {label: estimate_costs(loss, *args, policy=policy).peak_bytes
+               for label, policy in policies.items()}
+  clear_caches()
+  with monkeypatch.context() as patch:
+    patch.setattr(estimate_module, 'backend_of', lambda platform: dataclasses.replace(
+        backend_of(platform), **{rule: False}))
+    without = {label: estimate_costs(loss, *args, policy=policy).peak_bytes
+               for label, policy in policies.items()}
+  clear_caches()
+  return compiled, estimated, without
+
+
 def _peaks_with_and_without(monkeypatch, rule: str, loss, args) -> tuple[int, int, int]:
   """The compiled peak of `loss` without remat, and its estimate with and
-  without the CPU's `rule` (a field of ``backend.Backend``)."""
-  clear_caches()
-  compiled = compile_costs(loss, *args, policy=NO_REMAT).peak_bytes
-  with_rule = estimate_costs(loss, *args, policy=NO_REMAT).peak_bytes
-  clear_caches()
-  monkeypatch.setattr(estimate_module, 'backend_of', lambda platform: dataclasses.replace(
-      backend_of(platform), **{rule: False}))
-  without = estimate_costs(loss, *args, policy=NO_REMAT).peak_bytes
-  clear_caches()
-  return compiled, with_rule, without
+  without the CPU's `rule`."""
+  compiled, estimated, without = _figures_with_and_without(
+      monkeypatch, rule, loss, args, {'no remat': NO_REMAT})
+  return compiled['no remat'], estimated['no remat'], without['no remat']
 
 
 @pytest.mark.skipif(jax.devices()[0].platform != 'cpu',
@@ -182,20 +194,10 @@ def test_a_recurrent_lm_s_policies_are_ordered_as_they_compile(monkeypatch):
   ``everything_saveable``, which compiles more than 10% lower. The
   estimate orders the policies as their compiled peaks; without the rule
   it orders them the other way."""
-  loss, args = _recurrent_lm()
   policies = {'no remat': NO_REMAT, 'dots_saveable': cp.dots_saveable,
               'everything_saveable': cp.everything_saveable}
-  clear_caches()
-  compiled = {label: compile_costs(loss, *args, policy=policy).peak_bytes
-              for label, policy in policies.items()}
-  estimated = {label: estimate_costs(loss, *args, policy=policy).peak_bytes
-               for label, policy in policies.items()}
-  clear_caches()
-  monkeypatch.setattr(estimate_module, 'backend_of', lambda platform: dataclasses.replace(
-      backend_of(platform), materialises_values_both_passes_read=False))
-  without = {label: estimate_costs(loss, *args, policy=policy).peak_bytes
-             for label, policy in policies.items()}
-  clear_caches()
+  compiled, estimated, without = _figures_with_and_without(
+      monkeypatch, 'materialises_values_both_passes_read', *_recurrent_lm(), policies)
   apart = [(a, b) for a, b in itertools.combinations(policies, 2)
            if abs(compiled[a] / compiled[b] - 1) > 0.10]
   assert apart, compiled
@@ -220,22 +222,13 @@ def test_a_softmax_denominator_both_passes_broadcast_is_one_buffer_per_layer(mon
   loss, args = examples.transformer(num_layers=2, d_model=64, num_heads=4, seq_len=256,
                                     batch=8, seed=25)
   policies = {'no remat': NO_REMAT, 'everything_saveable': cp.everything_saveable}
-  rule = 'dot_fusions_read_broadcasts_apart'
-  clear_caches()
-  compiled = {label: compile_costs(loss, *args, policy=policy).peak_bytes
-              for label, policy in policies.items()}
-  estimated = {label: estimate_costs(loss, *args, policy=policy).peak_bytes
-               for label, policy in policies.items()}
-  clear_caches()
-  monkeypatch.setattr(estimate_module, 'backend_of', lambda platform: dataclasses.replace(
-      backend_of(platform), **{rule: False}))
-  without = estimate_costs(loss, *args, policy=NO_REMAT).peak_bytes
-  clear_caches()
+  compiled, estimated, without = _figures_with_and_without(
+      monkeypatch, 'dot_fusions_read_broadcasts_apart', loss, args, policies)
   assert compiled['no remat'] > 1.10 * compiled['everything_saveable'], compiled
   assert estimated['no remat'] > estimated['everything_saveable'], estimated
   for label in policies:
     assert abs(estimated[label] / compiled[label] - 1) <= 0.10, (label, estimated, compiled)
-  assert without / compiled['no remat'] - 1 <= -0.15, (without, compiled)
+  assert without['no remat'] / compiled['no remat'] - 1 <= -0.15, (without, compiled)
 
 
 def test_arithmetic_the_simplifier_removes_holds_no_buffer():
@@ -381,21 +374,14 @@ def test_a_gpu_loop_body_makes_apart_the_slices_its_barrier_reads(monkeypatch):
   args = _on(one_h100, args)
   policies = {'no remat': NO_REMAT, 'nothing_saveable': cp.nothing_saveable,
               'everything_saveable': cp.everything_saveable}
-  clear_caches()
-  compiled = {label: compile_costs(loss, *args, policy=policy).peak_bytes
-              for label, policy in policies.items()}
-  estimated = {label: estimate_costs(loss, *args, policy=policy).peak_bytes
-               for label, policy in policies.items()}
-  clear_caches()
-  monkeypatch.setattr(estimate_module, 'backend_of', lambda platform: dataclasses.replace(
-      backend_of(platform), materialises_slices_read_through_barriers=False))
-  without = estimate_costs(loss, *args, policy=cp.everything_saveable).peak_bytes
-  clear_caches()
+  compiled, estimated, without = _figures_with_and_without(
+      monkeypatch, 'materialises_slices_read_through_barriers', loss, args, policies)
   assert compiled['everything_saveable'] > 1.10 * compiled['no remat'], compiled
   assert estimated['everything_saveable'] > estimated['no remat'], estimated
   for label in policies:
     assert abs(estimated[label] / compiled[label] - 1) <= 0.10, (label, estimated, compiled)
-  assert without / compiled['everything_saveable'] - 1 <= -0.15, (without, compiled)
+  assert without['everything_saveable'] / compiled['everything_saveable'] - 1 <= -0.15, (
+      without, compiled)
 
 
 def test_an_estimate_for_a_tpu_stores_values_in_its_tiles(monkeypatch):
