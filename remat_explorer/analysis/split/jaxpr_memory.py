@@ -284,8 +284,10 @@ def peak_bytes(jaxpr: Jaxpr | ClosedJaxpr, *, count_outputs: bool = True,
   runs (its inputs not counted: its caller holds them); its outputs
   included unless `count_outputs` is False (the program's outputs, which XLA
   places apart); the outputs at positions `uncounted` never (a loop body's
-  stacked outputs, written into the loop's buffer). `backend`: the rules of
-  the platform it will run on (``backend.py``)."""
+  stacked outputs, written into the loop's buffer). `sliced`: the
+  positions of a loop body's inputs that are slices of the loop's stacked
+  inputs, which the body holds itself where the platform makes them apart.
+  `backend`: the rules of the platform it will run on (``backend.py``)."""
   scope = _Scope(as_jaxpr(jaxpr), count_outputs, uncounted, backend, sliced)
   dies_at: dict[int, list] = {}
   for r, i in scope.last_use.items():
