@@ -63,9 +63,9 @@ def models(frameworks: bool):
   # Attention over 512 tokens: its probabilities, not the layers' widths,
   # fill the memory (the example's default is 64 tokens).
   yield 'transformer (512 tokens)', examples.transformer(seq_len=512), examples.TRANSFORMER_NAMES
-  yield 'convnet (NCHW)', nchw_convnet(), ('conv_output',)
+  import framework_models
+  yield 'convnet (NCHW)', framework_models.channels_first_convnet(), ('conv_output',)
   if frameworks:
-    import framework_models
     yield 'flax linen', framework_models.linen_transformer(), ()
     yield 'flax nnx', framework_models.nnx_transformer(), ()
     yield 'equinox', framework_models.equinox_transformer(), ()
@@ -77,33 +77,6 @@ def models(frameworks: bool):
       print('(recurrentgemma is not installed: its Griffin is left out)')
       return
     yield 'griffin (recurrentgemma)', framework_models.griffin(), ()
-
-
-def nchw_convnet(num_blocks=3, channels=16, image_size=32, batch=8, seed=0):
-  """The example convnet's blocks written channels-first (NCHW images, OIHW
-  kernels, as PyTorch and Equinox lay them out): XLA:CPU copies every
-  convolution's operands into its own layout."""
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
-  from remat_explorer import checkpoint, checkpoint_name
-  rng = np.random.default_rng(seed)
-  kernels = [jnp.asarray(rng.standard_normal((channels, 3 if i == 0 else channels, 3, 3))
-                         / np.sqrt(9 * (3 if i == 0 else channels)), jnp.float32)
-             for i in range(num_blocks)]
-  images = jnp.asarray(rng.standard_normal((batch, 3, image_size, image_size)), jnp.float32)
-
-  @checkpoint
-  def block(x, kernel):
-    y = jax.lax.conv_general_dilated(x, kernel, (1, 1), 'SAME',
-                                     dimension_numbers=('NCHW', 'OIHW', 'NCHW'))
-    return jax.nn.relu(checkpoint_name(y, 'conv_output'))
-
-  def loss(kernels, images):
-    for kernel in kernels:
-      images = block(images, kernel)
-    return jnp.mean(images ** 2)
-  return loss, (kernels, images)
 
 
 def main() -> None:

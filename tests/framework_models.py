@@ -3,7 +3,8 @@ by the explorer: a Flax Linen ``nn.scan(nn.remat(Block))`` stack trained
 with an optax loss, a Flax NNX ``nnx.scan`` + ``nnx.remat`` model with
 ``checkpoint_name``s, an Equinox model whose scanned layers are
 ``eqx.filter_checkpoint``ed, and a Haiku ``hk.layer_stack`` over
-``hk.remat`` of a lambda calling the block. Each builder returns ``(loss_fn, args)`` with
+``hk.remat`` of a lambda calling the block; and a convnet written
+channels-first, as PyTorch and Equinox lay out images. Each builder returns ``(loss_fn, args)`` with
 the parameters first, from a fixed seed; ``remat=False`` builds the same
 model as its user would without remat."""
 
@@ -11,10 +12,13 @@ import equinox as eqx
 import haiku as hk
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import linen as nn
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
+
+import remat_explorer as rx
 
 VOCAB = 128
 
@@ -329,6 +333,35 @@ def equinox_transformer(batch=4, seq=16, remat=True):
     logits = jax.vmap(model)(tokens)
     return optax.softmax_cross_entropy_with_integer_labels(logits, tokens).mean()
   return loss_fn, (model, tokens)
+
+
+# -- Channels-first ----------------------------------------------------------------
+
+def channels_first_convnet(num_blocks=3, channels=16, image_size=32, batch=8, seed=0,
+                           remat=True, policy=None):
+  """The example convnet's blocks written channels-first (NCHW images, OIHW
+  kernels, as PyTorch and Equinox lay them out), with the package's own
+  ``checkpoint`` under `policy`, and the mean square of the last block's
+  output as the loss. XLA:CPU copies every convolution's operands into its
+  own layout."""
+  rng = np.random.default_rng(seed)
+  kernels = [jnp.asarray(rng.standard_normal((channels, 3 if i == 0 else channels, 3, 3))
+                         / np.sqrt(9 * (3 if i == 0 else channels)), jnp.float32)
+             for i in range(num_blocks)]
+  images = jnp.asarray(rng.standard_normal((batch, 3, image_size, image_size)), jnp.float32)
+
+  def block(x, kernel):
+    y = jax.lax.conv_general_dilated(x, kernel, (1, 1), 'SAME',
+                                     dimension_numbers=('NCHW', 'OIHW', 'NCHW'))
+    return jax.nn.relu(rx.checkpoint_name(y, 'conv_output'))
+  if remat:
+    block = rx.checkpoint(block, policy=policy)
+
+  def loss(kernels, images):
+    for kernel in kernels:
+      images = block(images, kernel)
+    return jnp.mean(images ** 2)
+  return loss, (kernels, images)
 
 
 # -- Haiku --------------------------------------------------------------------------

@@ -86,7 +86,6 @@ class _Scope:
     fused_reader: dict = {}  # root -> read only by fusing equations
     last_fused_read: dict = {}  # root -> the last fusing equation that reads it
     readers: dict = {}
-    self.reduced: set = set()  # roots a reduction reads
     passes: dict = {}  # root -> {whether a reader is the backward pass's}
     self.constants: dict = {}  # key -> the one number all its elements are
     self.last_use: dict = {}
@@ -104,8 +103,6 @@ class _Scope:
         if kind != 'materialising':
           last_fused_read[r] = i
         readers[r] = readers.get(r, 0) + 1
-        if kind == 'reduction':
-          self.reduced.add(r)
         passes.setdefault(r, set()).add(backward)
       self._note_constant(op)
       unchanged = self._operand_returned(op)
@@ -132,11 +129,11 @@ class _Scope:
         for k, op in self.made_by.items()}
     # Values remat's backward block reads through its optimization barrier
     # (``backend.py``).
+    self.read_through_barriers = {self.of(k) for i, op in enumerate(self.ops)
+                                  if self.live[i] for k in op.fenced.intersection(op.reads)}
     if backend.materialises_values_read_through_barriers:
-      for i, op in enumerate(self.ops):
-        for k in op.fenced.intersection(op.reads) if self.live[i] else ():
-          if self.of(k) in self.made_by:
-            self.materialised[self.of(k)] = True
+      for k in self.read_through_barriers.intersection(self.made_by):
+        self.materialised[k] = True
     # Values both passes read that XLA makes apart rather than repeat
     # (``backend.py``).
     if backend.materialises_values_both_passes_read:
@@ -340,16 +337,15 @@ def _reused_bytes(op: Op, scope: _Scope, outs, dying, backend: Backend) -> int:
   """Bytes of a dying operand an output is written over."""
   if not outs or not scope.allocated(outs[0]):
     return 0
-  if backend.reduction_fusions_write_apart and outs[0] in scope.reduced:
-    return 0  # fused with the reduction that reads it (``backend.py``)
   operands = op.roots
   if op.name in IN_PLACE and op.reads[0] is not None:
     operand = scope.of(op.reads[0])
     return scope.allocated(operand) if operand in dying else 0
   if op.kind == 'fusible':
     size = scope.allocated(outs[0])
+    kept = scope.read_through_barriers if backend.writes_apart_from_barrier_reads else ()
     return size if any(scope.allocated(r) == size for r in dying
-                       if r in operands) else 0
+                       if r in operands and r not in kept) else 0
   return 0
 
 
