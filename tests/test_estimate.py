@@ -131,6 +131,18 @@ def _recurrent_lm():
   return framework_models.linen_recurrent(batch=4, seq=128, width=64, depth=3)
 
 
+def _estimate_without(monkeypatch, rule: str, loss, args, policy=None) -> int:
+  """The estimated peak of `loss` under `policy` with `rule` (a field of
+  ``backend.Backend``) turned off, the caches cleared on both sides."""
+  clear_caches()
+  with monkeypatch.context() as patch:
+    patch.setattr(estimate_module, 'backend_of', lambda platform: dataclasses.replace(
+        backend_of(platform), **{rule: False}))
+    without = estimate_costs(loss, *args, policy=policy).peak_bytes
+  clear_caches()
+  return without
+
+
 def _figures_with_and_without(monkeypatch, rule: str, loss, args, policies: dict):
   """{label: peak} of `loss` under each of `policies`: compiled, estimated,
   and estimated without `rule` (a field of ``backend.Backend``)."""
@@ -139,13 +151,8 @@ def _figures_with_and_without(monkeypatch, rule: str, loss, args, policies: dict
               for label, policy in policies.items()}
   estimated = {label: estimate_costs(loss, *args, policy=policy).peak_bytes
                for label, policy in policies.items()}
-  clear_caches()
-  with monkeypatch.context() as patch:
-    patch.setattr(estimate_module, 'backend_of', lambda platform: dataclasses.replace(
-        backend_of(platform), **{rule: False}))
-    without = {label: estimate_costs(loss, *args, policy=policy).peak_bytes
-               for label, policy in policies.items()}
-  clear_caches()
+  without = {label: _estimate_without(monkeypatch, rule, loss, args, policy)
+             for label, policy in policies.items()}
   return compiled, estimated, without
 
 
@@ -348,7 +355,6 @@ def test_a_gpu_fusion_writes_apart_from_what_remat_reads_through_its_barrier(
   it is over 10% under and gives the two one figure."""
   from tests import framework_models
   build = examples.convnet if layout == 'channels-last' else framework_models.channels_first_convnet
-  rule = 'writes_apart_from_barrier_reads'
   rows = {}
   for label, policy in (('no remat', None), ('nothing_saveable', cp.nothing_saveable),
                         ('dots_saveable', cp.dots_saveable)):
@@ -357,12 +363,7 @@ def test_a_gpu_fusion_writes_apart_from_what_remat_reads_through_its_barrier(
     by_hand = jax.jit(jax.value_and_grad(loss)).lower(*args).compile()
     clear_caches()
     estimate = estimate_costs(loss, *args).peak_bytes
-    clear_caches()
-    with monkeypatch.context() as patch:
-      patch.setattr(estimate_module, 'backend_of', lambda platform: dataclasses.replace(
-          backend_of(platform), **{rule: False}))
-      without = estimate_costs(loss, *args).peak_bytes
-    clear_caches()
+    without = _estimate_without(monkeypatch, 'writes_apart_from_barrier_reads', loss, args)
     rows[label] = estimate, without, by_hand.memory_analysis().peak_memory_in_bytes
   for label in ('nothing_saveable', 'dots_saveable'):
     estimate, without, compiled = rows[label]
@@ -414,7 +415,6 @@ def test_an_estimate_for_a_tpu_stores_values_in_its_tiles(monkeypatch):
     x = jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, P()))
     compiled = jax.jit(lambda x: x + x).lower(x).compile().memory_analysis()
     assert tiled_bytes(x) == compiled.argument_size_in_bytes, (shape, dtype)
-  untiled = lambda platform: dataclasses.replace(backend_of(platform), stores_in_tiles=False)
   for label, policy in (('no remat', None), ('nothing_saveable', cp.nothing_saveable),
                         ('everything_saveable', cp.everything_saveable)):
     loss, args = examples.convnet(num_blocks=2, channels=16, image_size=16, batch=4, seed=43,
@@ -423,11 +423,7 @@ def test_an_estimate_for_a_tpu_stores_values_in_its_tiles(monkeypatch):
     by_hand = jax.jit(jax.value_and_grad(loss)).lower(*args).compile()
     compiled = by_hand.memory_analysis().peak_memory_in_bytes
     tiled = estimate_costs(loss, *args).peak_bytes
-    clear_caches()
-    with monkeypatch.context() as m:
-      m.setattr(estimate_module, 'backend_of', untiled)
-      plain = estimate_costs(loss, *args).peak_bytes
-    clear_caches()
+    plain = _estimate_without(monkeypatch, 'stores_in_tiles', loss, args)
     assert abs(tiled / compiled - 1) <= 0.15, (label, tiled, compiled)
     assert plain < compiled / 2, (label, plain, compiled)
 
