@@ -13,6 +13,16 @@ from remat_explorer.analysis import compare
 from remat_explorer.analysis.full_collections import full_collections_held_off
 
 
+@pytest.fixture(autouse=True)
+def _python_s_own_thresholds():
+  """These tests are about Python's own schedule of collections; the suite
+  runs its collector less often (``conftest.py``)."""
+  suite = gc.get_threshold()
+  gc.set_threshold(700, 10, 10)
+  yield
+  gc.set_threshold(*suite)
+
+
 def _full_collections_while(fn) -> int:
   """How many full (generation 2) collections Python starts by itself
   while `fn` runs."""
