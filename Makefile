@@ -66,7 +66,7 @@ $(OLDEST_VENV)/.installed: pyproject.toml
 	python3 -m venv $(OLDEST_VENV)
 	$(OLDEST_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(OLDEST_VENV)/bin/python -m pip install --quiet 'jax==$(OLDEST_JAX)' 'jaxlib==$(OLDEST_JAX)'
-	$(OLDEST_VENV)/bin/python -m pip install --quiet -e . pytest pytest-xdist hypothesis
+	$(OLDEST_VENV)/bin/python -m pip install --quiet -e . pytest pytest-xdist pytest-timeout hypothesis
 	touch $@
 
 test-jax-oldest: $(OLDEST_VENV)/.installed

@@ -375,14 +375,19 @@ def _check_nothing_cut_and_no_escapes(page, explorer):
   explorer.get_by_role('tab', name='Compare').click()
   # A comparison counts its compiles: a determinate bar. Where the compiles
   # are found in the cache it may come and go between two polls, so a
-  # watcher set before the click notes that it was shown.
+  # watcher set before the click notes that it was shown. It writes its note
+  # once and then stops watching: a write to the element it watches is itself
+  # a mutation, and would wake it again without end.
   explorer.evaluate("""(e) => {
-    e.dataset.sawCountedBar = '';
-    const note = () => {
+    delete e.dataset.sawCountedBar;
+    const observer = new MutationObserver(() => {
       const bar = e.querySelector('.remat-task progress[max]');
-      if (bar && bar.offsetParent !== null) e.dataset.sawCountedBar = 'yes';
-    };
-    new MutationObserver(note).observe(e, {childList: true, subtree: true, attributes: true});
+      if (bar && bar.offsetParent !== null) {
+        observer.disconnect();
+        e.dataset.sawCountedBar = 'yes';
+      }
+    });
+    observer.observe(e, {childList: true, subtree: true, attributes: true});
   }""")
   explorer.get_by_role('button', name='compare all policies').click()
   page.wait_for_function(
