@@ -288,6 +288,26 @@ def _scale(transform: str) -> float:
   return float(re.search(r'scale\(([\d.e-]+)\)', transform).group(1))
 
 
+def _note_once(explorer, **marks: str) -> None:
+  """Watch `explorer` for marks that may come and go between two polls:
+  each mark (a JavaScript condition on ``e``, the Explorer's element) is
+  noted as ``e.dataset[name] = '1'`` once it held. A note is itself a
+  mutation of what is watched, so each is written once and the watcher
+  stops when all are: otherwise it would wake itself without end and
+  freeze the page."""
+  conditions = ', '.join(f'{name}: () => {condition}' for name, condition in marks.items())
+  explorer.evaluate(f"""(e) => {{
+    const marks = {{{conditions}}};
+    for (const name in marks) delete e.dataset[name];
+    const observer = new MutationObserver(() => {{
+      for (const [name, holds] of Object.entries(marks))
+        if (!e.dataset[name] && holds()) e.dataset[name] = '1';
+      if (Object.keys(marks).every((name) => e.dataset[name])) observer.disconnect();
+    }});
+    observer.observe(e, {{subtree: true, childList: true, attributes: true}});
+  }}""")
+
+
 def _check_explorer(page):
   """The Explorer of notebook 01 rendered, with its diagram, and its residual
   table and compiled costs following the policy control. Returns it."""
@@ -314,19 +334,10 @@ def _check_explorer(page):
   before = table.inner_text()
   page.wait_for_function(  # the first compile is done
       "(e) => !e.querySelector('.remat-task')", arg=explorer.element_handle(), timeout=240_000)
-  # The marks last as long as the compile, which may be short: an observer
+  # The marks last as long as the compile, which may be short: a watcher
   # notes that they appeared.
-  explorer.evaluate("""(e) => {
-    const observer = new MutationObserver(() => {
-      // (Setting the flags is itself a mutation: each is set once.)
-      if (!e.dataset.sawStale && e.querySelector('.remat-stale .remat-costs'))
-        e.dataset.sawStale = '1';
-      if (!e.dataset.sawBar && e.querySelector('.remat-task progress:not([value])'))
-        e.dataset.sawBar = '1';
-      if (e.dataset.sawStale && e.dataset.sawBar) observer.disconnect();
-    });
-    observer.observe(e, {subtree: true, childList: true, attributes: true});
-  }""")
+  _note_once(explorer, sawStale="e.querySelector('.remat-stale .remat-costs')",
+             sawBar="e.querySelector('.remat-task progress:not([value])')")
   explorer.locator('.remat-policy select').select_option('everything_saveable')
   page.wait_for_function("(e) => e.dataset.sawStale && e.dataset.sawBar",
                          arg=explorer.element_handle(), timeout=60_000)
@@ -375,25 +386,14 @@ def _check_nothing_cut_and_no_escapes(page, explorer):
   explorer.get_by_role('tab', name='Compare').click()
   # A comparison counts its compiles: a determinate bar. Where the compiles
   # are found in the cache it may come and go between two polls, so a
-  # watcher set before the click notes that it was shown. It writes its note
-  # once and then stops watching: a write to the element it watches is itself
-  # a mutation, and would wake it again without end.
-  explorer.evaluate("""(e) => {
-    delete e.dataset.sawCountedBar;
-    const observer = new MutationObserver(() => {
-      const bar = e.querySelector('.remat-task progress[max]');
-      if (bar && bar.offsetParent !== null) {
-        observer.disconnect();
-        e.dataset.sawCountedBar = 'yes';
-      }
-    });
-    observer.observe(e, {childList: true, subtree: true, attributes: true});
-  }""")
+  # watcher set before the click notes that it was shown.
+  _note_once(explorer, sawCountedBar="e.querySelector('.remat-task progress[max]')"
+                                     "?.offsetParent != null")
   explorer.get_by_role('button', name='compare all policies').click()
   page.wait_for_function(
       "(e) => e.querySelectorAll('.widget-toggle-button').length > 3"
       " && !e.querySelector('.remat-task')", arg=explorer.element_handle(), timeout=300_000)
-  assert explorer.evaluate('(e) => e.dataset.sawCountedBar') == 'yes'
+  assert explorer.evaluate('(e) => e.dataset.sawCountedBar') == '1'
   cut = explorer.evaluate("""(e) => Array.from(e.querySelectorAll('button'))
       .filter(b => b.offsetParent !== null && b.scrollWidth > b.clientWidth)
       .map(b => b.innerText)""")
