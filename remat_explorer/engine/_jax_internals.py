@@ -398,4 +398,33 @@ def gpu_target_config_of(devices) -> str:
   return str(_xla_client.get_topology_for_devices(list(devices)).target_config)
 
 
+# -- the partitioner's propagation, without a compile ---------------------------------
+# Under Shardy (JAX's partitioner since 0.7) the shardings of a program's
+# results are decided by its propagation pipeline, the same MLIR passes
+# XLA's compile runs first; jaxlib registers them for Python's pass manager.
+
+from jax._src.lib.mlir import passmanager as _passmanager
+
+
+def propagated_result_shardings(lowered) -> list[str] | None:
+  """The ``sdy.sharding`` attribute of each result of `lowered` (a
+  ``jax.stages.Lowered``) after Shardy's propagation, as text ('' for a
+  result left unsharded), or None where Shardy is not the partitioner.
+  Runs on a copy: `lowered` still compiles as it was."""
+  if not config.use_shardy_partitioner.value:
+    return None
+  module = lowered.compiler_ir('stablehlo').operation.clone()
+  try:
+    with module.context:
+      _passmanager.PassManager.parse('builtin.module(sdy-propagation-pipeline)').run(module)
+  except Exception:  # a jaxlib without the pipeline, or one it refuses: compile instead
+    return None
+  main = [op for op in module.regions[0].blocks[0].operations
+          if 'sym_name' in op.attributes and op.attributes['sym_name'].value == 'main']
+  if len(main) != 1:
+    return None
+  results = main[0].attributes['res_attrs'] if 'res_attrs' in main[0].attributes else []
+  return [str(a['sdy.sharding']) if 'sdy.sharding' in a else '' for a in results]
+
+
 __all__ = [name for name in dir() if not name.startswith('__')]

@@ -4,8 +4,10 @@ JAX's PJRT plugins make *compile-only* devices: libtpu for any TPU topology,
 the CUDA plugin for GPUs described by a ``GpuTargetConfig``. A program
 lowered with shardings over them compiles as it would on that hardware, and
 its executable can be read (memory, cost, optimized HLO) but not run. The
-analysis builds its target meshes from these; how JAX is asked for them is
-``_jax_internals``' part.
+analysis builds its target meshes from these, and asks the partitioner's
+propagation where a program's results lie on them
+(``propagated_result_shardings``); how JAX is asked is ``_jax_internals``'
+part.
 """
 
 from remat_explorer.engine import _jax_internals as jx
@@ -17,6 +19,7 @@ compile_only_cuda_devices = jx.compile_only_cuda_devices
 initialize_backends_quietly = jx.initialize_backends_quietly
 gpu_target_config_of = jx.gpu_target_config_of
 tpu_support_installed = jx.tpu_support_installed
+propagated_result_shardings = jx.propagated_result_shardings
 
 
 def cuda_plugin_installed() -> bool:

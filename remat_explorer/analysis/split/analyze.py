@@ -193,14 +193,14 @@ def _analyze(problem, policy, lowering) -> RematReport:
 
 def _per_device(forward_jaxpr, num_outs, problem, residual_jaxpr, origins,
                 residuals, block_reports, placement):
-  """Residuals with their shardings, as the SPMD partitioner chose them for
-  the forward pass compiled on the arguments as placed (``sharding.py``).
-  On one device every value is whole there: nothing to compile."""
+  """Residuals with their shardings, as the SPMD partitioner places them for
+  the forward pass on the arguments as placed (``sharding.py``). On one
+  device every value is whole there: nothing to ask."""
   if placement.num_devices == 1 and placement.device is not None:
     outputs = [jax.sharding.SingleDeviceSharding(placement.device)] * len(
         forward_jaxpr.jaxpr.outvars)
   else:
-    outputs = sharding.compiled_output_shardings(
+    outputs = sharding.partitioner_output_shardings(
         forward_jaxpr, [*problem.diff_leaves, *problem.other_leaves])
   placement = devices.Placement(
       max([placement.num_devices, *(len(s.device_set) for s in outputs)]),

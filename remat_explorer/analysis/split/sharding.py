@@ -10,9 +10,13 @@ anywhere in the jaxpr (in JAX's default Auto sharding mode).
 
 So we ask the partitioner. The forward half that ``analyze`` builds with
 ``jax.vjp`` (the outputs, then the residuals) is jitted on the arguments as
-they are placed, compiled (once per forward program: policies whose
-forward passes lower alike share the answer), and
-``compiled.output_shardings`` says how each residual is sharded; its
+they are placed and lowered, and Shardy's propagation, the passes with
+which XLA's compile begins, is run on it alone: it says how each residual
+is sharded, in a fraction of a second where compiling that forward pass
+for a pod took a quarter of the step's own compile. Where its answer is
+not whole (another partitioner, a sub-axis), the forward pass is compiled
+and ``compiled.output_shardings`` answers. Either is asked once per forward
+program: policies whose forward passes lower alike share it. A residual's
 per-device shape is ``sharding.shard_shape(shape)``.
 The split itself stays the engine's (``engine/split.py``); this module only
 reads where its results live.
@@ -30,17 +34,18 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import re
 from typing import Iterable, Sequence
 
 import jax
 from jax.extend import core
-from jax.sharding import NamedSharding
+from jax.sharding import NamedSharding, PartitionSpec
 
 from remat_explorer.analysis.cache import ResultCache
 from remat_explorer.analysis.context import note_compile
 from remat_explorer.analysis.source.producers import is_scan_step
 from remat_explorer.analysis.split.report import Residual
-from remat_explorer.engine import rounded_residuals
+from remat_explorer.engine import propagated_result_shardings, rounded_residuals
 
 SHARD_MAP_BODY = 'per device (shard_map body)'
 """The sharding text of a block residual inside a ``shard_map``: its shape
@@ -57,14 +62,17 @@ class ShardingsUnknown(Exception):
 _ASKED = ResultCache(64)
 """The partitioner's answers by forward program (the SHA-256 of its lowered
 text) and the shardings of its arguments: policies whose forward passes
-lower alike (the program as written and ``nothing_saveable``, say) compile
-it once."""
+lower alike (the program as written and ``nothing_saveable``, say) ask
+once."""
 
 
-def compiled_output_shardings(closed: core.ClosedJaxpr, leaves: Sequence):
-  """``compiled.output_shardings`` of `closed` jitted at `leaves` (arrays,
-  placed as they are, or ``ShapeDtypeStruct``s with their shardings).
-  Raises ``ShardingsUnknown`` where XLA refuses to compile it."""
+def partitioner_output_shardings(closed: core.ClosedJaxpr, leaves: Sequence):
+  """The shardings XLA gives the outputs of `closed` jitted at `leaves`
+  (arrays, placed as they are, or ``ShapeDtypeStruct``s with their
+  shardings): those of the partitioner's propagation
+  (``propagated_shardings``) where it speaks for every output, else
+  ``compiled.output_shardings``. Raises ``ShardingsUnknown`` where XLA
+  refuses to compile it."""
   lowered = jax.jit(core.jaxpr_as_fun(closed)).lower(*leaves)
   # The text names the mesh's axes, not its devices: the arguments'
   # shardings do (two targets of one mesh shape lower alike).
@@ -72,15 +80,68 @@ def compiled_output_shardings(closed: core.ClosedJaxpr, leaves: Sequence):
          tuple(getattr(leaf, 'sharding', None) for leaf in leaves))
   answer = _ASKED.get(key)
   if answer is None:
+    answer = propagated_shardings(lowered, leaves, len(closed.out_avals))
+  if answer is None:
     note_compile()
     try:
       answer = tuple(lowered.compile().output_shardings)
     except jax.errors.JaxRuntimeError as e:
       answer = str(e).strip().splitlines()[0]  # XLA's refusal, kept as well
-    _ASKED.put(key, answer)
+  _ASKED.put(key, answer)
   if isinstance(answer, str):
     raise ShardingsUnknown(answer)
   return list(answer)
+
+
+_SHARDY = re.compile(r'#sdy\.sharding<@\w+, \[(.*)\]>')
+_AXES = re.compile(r'\{((?:"\w+"(?:, )?)*)\}')
+
+
+def propagated_shardings(lowered, leaves: Sequence, outputs: int) -> tuple | None:
+  """The output shardings of `lowered` as Shardy's propagation decides
+  them, the same passes XLA's compile runs first (a fraction of a second
+  where the compile takes seconds to minutes on a pod): one
+  ``NamedSharding`` per output (of `outputs`) over the arguments' mesh.
+  None where that is not the whole answer: arguments on no mesh or on
+  several, another partitioner, or an output sharded by more than whole
+  mesh axes (a sub-axis, an open dimension); the compile answers those."""
+  shardings = [leaf.sharding for leaf in leaves if getattr(leaf, 'sharding', None) is not None]
+  meshes = {s.mesh for s in shardings if isinstance(s, NamedSharding)}
+  if len(meshes) != 1 or not all(isinstance(s, NamedSharding) for s in shardings):
+    return None
+  mesh, = meshes
+  texts = propagated_result_shardings(lowered)
+  if texts is None or len(texts) != outputs:
+    return None
+  answer = []
+  for text in texts:
+    spec = _spec_of(text, mesh.axis_names)
+    if spec is None:
+      return None
+    answer.append(NamedSharding(mesh, spec))
+  return tuple(answer)
+
+
+def _spec_of(text: str, axis_names) -> PartitionSpec | None:
+  """``#sdy.sharding<@mesh, [{"data"}, {}, {"model"}]>`` as
+  ``P('data', None, 'model')``; '' (no sharding) as ``P()``; None for
+  anything else."""
+  if not text:
+    return PartitionSpec()
+  match = _SHARDY.fullmatch(text)
+  if match is None:
+    return None
+  dims = [d for d in re.split(r'(?<=\}), ', match.group(1))] if match.group(1) else []
+  entries = []
+  for dim in dims:
+    axes = _AXES.fullmatch(dim)
+    if axes is None:
+      return None
+    names = tuple(a.strip('"') for a in axes.group(1).split(', ') if a)
+    if any(n not in axis_names for n in names):
+      return None
+    entries.append(None if not names else names[0] if len(names) == 1 else names)
+  return PartitionSpec(*entries)
 
 
 def residual_positions(residual_jaxpr: core.Jaxpr, origins) -> list[int | None]:
