@@ -451,9 +451,10 @@ def test_a_one_device_target_is_analyzed_without_a_compile():
   assert all(s.is_fully_replicated for s in jax.tree_util.tree_leaves(compiled.output_shardings))
 
 
-@pytest.mark.parametrize('target, other', [('h100:4', 'a100:4'), ('v5e:2x2', 'v6e:2x2')])
+@pytest.mark.parametrize('target, other, other_kind', [
+    ('h100:4', 'a100:4', 'NVIDIA A100-SXM4-80GB'), ('v5e:2x2', 'v6e:2x2', 'TPU v6 lite')])
 def test_residual_shardings_on_a_target_are_the_partitioners_without_a_compile(
-    target, other, monkeypatch):
+    target, other, other_kind, monkeypatch):
   """Where each residual lies on a target is its partitioner's answer:
   Shardy's propagation, run on the forward pass without compiling it,
   places every residual as compiling that forward pass for the target does.
@@ -472,7 +473,9 @@ def test_residual_shardings_on_a_target_are_the_partitioners_without_a_compile(
   assert [(r.sharding, r.per_device_shape) for r in again.residuals] == placed
   assert ("P('data')", (x.shape[0] // 4, *x.shape[1:])) in placed, placed
   w2, x2 = _stack(rx.target_mesh(other), layers=2, seq=64, width=256, seed=8)
-  assert [(r.sharding, r.per_device_shape) for r in rx.analyze(loss, w2, x2).residuals] == placed
+  on_other = rx.analyze(loss, w2, x2)
+  assert on_other.device_kind == other_kind
+  assert [(r.sharding, r.per_device_shape) for r in on_other.residuals] == placed
   assert compiles_run() == before
   # The same forward pass compiled for the target puts them in the same places.
   rx.clear_caches()

@@ -81,16 +81,22 @@ def partitioner_output_shardings(closed: core.ClosedJaxpr, leaves: Sequence):
   answer = _ASKED.get(key)
   if answer is None:
     answer = propagated_shardings(lowered, leaves, len(closed.out_avals))
-  if answer is None:
-    note_compile()
-    try:
-      answer = tuple(lowered.compile().output_shardings)
-    except jax.errors.JaxRuntimeError as e:
-      answer = str(e).strip().splitlines()[0]  # XLA's refusal, kept as well
-  _ASKED.put(key, answer)
+    if answer is None:
+      answer = _compiled_output_shardings(lowered)
+    _ASKED.put(key, answer)
   if isinstance(answer, str):
     raise ShardingsUnknown(answer)
   return list(answer)
+
+
+def _compiled_output_shardings(lowered) -> tuple | str:
+  """``compiled.output_shardings`` of `lowered`, or XLA's refusal to compile
+  it (its first line)."""
+  note_compile()
+  try:
+    return tuple(lowered.compile().output_shardings)
+  except jax.errors.JaxRuntimeError as e:
+    return str(e).strip().splitlines()[0]
 
 
 _SHARDY = re.compile(r'#sdy\.sharding<@\w+, \[(.*)\]>')
@@ -131,7 +137,7 @@ def _spec_of(text: str, axis_names) -> PartitionSpec | None:
   match = _SHARDY.fullmatch(text)
   if match is None:
     return None
-  dims = [d for d in re.split(r'(?<=\}), ', match.group(1))] if match.group(1) else []
+  dims = re.split(r'(?<=\}), ', match.group(1)) if match.group(1) else []
   entries = []
   for dim in dims:
     axes = _AXES.fullmatch(dim)
