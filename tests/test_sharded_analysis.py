@@ -96,3 +96,26 @@ def test_combined_names_split_at_the_top_level_only():
   assert combined_names('jit(f)/transpose(jvp())') == ['jit(f)/transpose(jvp())']
   assert combined_names('jit(f)/(jvp(g)/a:transpose(jvp(g))/b)') == [
       'jit(f)/jvp(g)/a', 'jit(f)/transpose(jvp(g))/b']
+
+
+# -- the partitioner's propagation, read (no devices needed) --------------------------
+
+def test_a_propagated_sharding_is_read_only_where_it_is_whole_mesh_axes():
+  """Shardy's result shardings become partition specs over the arguments'
+  mesh; anything else (an open dimension, a sub-axis, a priority, another
+  mesh) is left to the compile."""
+  from jax.sharding import PartitionSpec as P
+  from remat_explorer.analysis.split.sharding import _spec_of
+  ours = {'mesh'}
+  assert _spec_of('', ours) == P()
+  assert _spec_of('#sdy.sharding<@mesh, []>', ours) == P()
+  assert _spec_of('#sdy.sharding<@mesh, [{"data"}, {}, {"model"}]>', ours) == P(
+      'data', None, 'model')
+  assert _spec_of('#sdy.sharding<@mesh, [{}, {"data", "model"}]>', ours) == P(
+      None, ('data', 'model'))
+  for other in ('#sdy.sharding<@mesh, [{"data", ?}, {}]>',
+                '#sdy.sharding<@mesh, [{"data":(1)2}, {}]>',
+                '#sdy.sharding<@mesh, [{"data"}p0, {}]>',
+                '#sdy.sharding<@mesh, [{}, {}], replicated={"model"}>',
+                '#sdy.sharding<@other, [{"data"}, {}]>'):
+    assert _spec_of(other, ours) is None, other

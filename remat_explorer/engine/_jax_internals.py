@@ -406,11 +406,12 @@ def gpu_target_config_of(devices) -> str:
 from jax._src.lib.mlir import passmanager as _passmanager
 
 
-def propagated_result_shardings(lowered) -> list[str] | None:
+def propagated_result_shardings(lowered) -> tuple[list[str], dict[str, str]] | None:
   """The ``sdy.sharding`` attribute of each result of `lowered` (a
   ``jax.stages.Lowered``) after Shardy's propagation, as text ('' for a
-  result left unsharded), or None where Shardy is not the partitioner.
-  Runs on a copy: `lowered` still compiles as it was."""
+  result left unsharded), and the module's meshes by name (``#sdy.mesh<...>``
+  as text); None where Shardy is not the partitioner. Runs on a copy:
+  `lowered` still compiles as it was."""
   if not config.use_shardy_partitioner.value:
     return None
   module = lowered.compiler_ir('stablehlo').operation.clone()
@@ -419,12 +420,15 @@ def propagated_result_shardings(lowered) -> list[str] | None:
       _passmanager.PassManager.parse('builtin.module(sdy-propagation-pipeline)').run(module)
   except Exception:  # a jaxlib without the pipeline, or one it refuses: compile instead
     return None
-  main = [op for op in module.regions[0].blocks[0].operations
+  ops = module.regions[0].blocks[0].operations
+  main = [op for op in ops
           if 'sym_name' in op.attributes and op.attributes['sym_name'].value == 'main']
   if len(main) != 1:
     return None
   results = main[0].attributes['res_attrs'] if 'res_attrs' in main[0].attributes else []
-  return [str(a['sdy.sharding']) if 'sdy.sharding' in a else '' for a in results]
+  meshes = {op.attributes['sym_name'].value: str(op.attributes['mesh'])
+            for op in ops if op.operation.name == 'sdy.mesh'}
+  return [str(a['sdy.sharding']) if 'sdy.sharding' in a else '' for a in results], meshes
 
 
 __all__ = [name for name in dir() if not name.startswith('__')]

@@ -99,7 +99,7 @@ def _compiled_output_shardings(lowered) -> tuple | str:
     return str(e).strip().splitlines()[0]
 
 
-_SHARDY = re.compile(r'#sdy\.sharding<@\w+, \[(.*)\]>')
+_SHARDY = re.compile(r'#sdy\.sharding<@(\w+), \[(.*)\]>')
 _AXES = re.compile(r'\{((?:"\w+"(?:, )?)*)\}')
 
 
@@ -109,43 +109,46 @@ def propagated_shardings(lowered, leaves: Sequence, outputs: int) -> tuple | Non
   where the compile takes seconds to minutes on a pod): one
   ``NamedSharding`` per output (of `outputs`) over the arguments' mesh.
   None where that is not the whole answer: arguments on no mesh or on
-  several, another partitioner, or an output sharded by more than whole
-  mesh axes (a sub-axis, an open dimension); the compile answers those."""
+  several, another partitioner, an output sharded over another mesh (the
+  axes or their sizes differ) or by more than whole mesh axes (a sub-axis,
+  an open dimension); the compile answers those."""
   shardings = [leaf.sharding for leaf in leaves if getattr(leaf, 'sharding', None) is not None]
-  meshes = {s.mesh for s in shardings if isinstance(s, NamedSharding)}
-  if len(meshes) != 1 or not all(isinstance(s, NamedSharding) for s in shardings):
+  arg_meshes = {s.mesh for s in shardings if isinstance(s, NamedSharding)}
+  if len(arg_meshes) != 1 or not all(isinstance(s, NamedSharding) for s in shardings):
     return None
-  mesh, = meshes
-  texts = propagated_result_shardings(lowered)
-  if texts is None or len(texts) != outputs:
+  mesh, = arg_meshes
+  propagated = propagated_result_shardings(lowered)
+  if propagated is None or len(propagated[0]) != outputs:
     return None
+  texts, meshes = propagated
+  # The meshes the results name must be the arguments' (same axes, same sizes).
+  axes = '[' + ', '.join(f'"{name}"={size}' for name, size in mesh.shape.items()) + ']'
+  same = {name for name, text in meshes.items() if text.startswith(f'#sdy.mesh<{axes}')}
   answer = []
   for text in texts:
-    spec = _spec_of(text, mesh.axis_names)
+    spec = _spec_of(text, same)
     if spec is None:
       return None
     answer.append(NamedSharding(mesh, spec))
   return tuple(answer)
 
 
-def _spec_of(text: str, axis_names) -> PartitionSpec | None:
+def _spec_of(text: str, meshes) -> PartitionSpec | None:
   """``#sdy.sharding<@mesh, [{"data"}, {}, {"model"}]>`` as
   ``P('data', None, 'model')``; '' (no sharding) as ``P()``; None for
-  anything else."""
+  anything else, or a sharding over a mesh not among `meshes`."""
   if not text:
     return PartitionSpec()
   match = _SHARDY.fullmatch(text)
-  if match is None:
+  if match is None or match.group(1) not in meshes:
     return None
-  dims = re.split(r'(?<=\}), ', match.group(1)) if match.group(1) else []
+  dims = re.split(r'(?<=\}), ', match.group(2)) if match.group(2) else []
   entries = []
   for dim in dims:
     axes = _AXES.fullmatch(dim)
     if axes is None:
       return None
     names = tuple(a.strip('"') for a in axes.group(1).split(', ') if a)
-    if any(n not in axis_names for n in names):
-      return None
     entries.append(None if not names else names[0] if len(names) == 1 else names)
   return PartitionSpec(*entries)
 
