@@ -15,7 +15,8 @@ Modules, in the order a reader might take them:
 * ``revolve``    - Griewank's binomial (revolve) rules as a state machine.
 * ``revolve_scan`` - the binomial schedule as one loop with its own VJP.
 * ``scan``       - ``checkpointed_scan``: ``lax.scan`` under such a schedule.
-* ``devices``    - compile-only devices: accelerators the machine lacks.
+* ``devices``    - compile-only devices: accelerators the machine lacks, and
+  where the partitioner's propagation places a program's results on them.
 * ``introspect`` - what readers of the engine's programs need: JAX's remat
   and call primitives, checkpoint names, the scopes the engine writes into
   name stacks and their parsers.
