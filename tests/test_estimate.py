@@ -308,21 +308,24 @@ def _assert_ordered_and_near(compiled, estimated, without, higher, lower, rule_m
   assert without[rule_misses] / compiled[rule_misses] - 1 <= -0.15, (without, compiled)
 
 
-def test_an_estimate_for_a_gpu_follows_the_gpus_schedule():
+def test_an_estimate_for_a_gpu_follows_the_gpus_schedule(monkeypatch):
   """XLA:CPU runs remat's recompute with the forward pass (an unrolled
   transformer's ``nothing_saveable`` compiles to its peak without remat
   there); XLA:GPU runs it where the backward pass reads it, and makes apart
   every value remat's backward block reads through its barrier (so
   ``everything_saveable`` compiles above no remat). An estimate for
-  arguments on a compile-only H100 follows the GPU: each policy near the
-  peak XLA compiles for the H100 by hand (``everything_saveable`` 13% over
-  here), and ordered as it is."""
+  arguments on a compile-only H100 follows the GPU: each policy within 10%
+  of the peak XLA compiles for the H100 by hand, and ordered as it is.
+  ``everything_saveable`` is within 2% with the GPU's rules on the cheap
+  values only the backward pass reads (made just before it reads them) and
+  on equal values (merged, as XLA's CSE does): without the first it is more
+  than 10% over, without the second more than 4% over. Neither changes
+  the policies that save no elementwise value."""
   mesh = rx.target_mesh('h100')
-  rows = {}
-  for label, policy, tolerance in (('no remat', None, 0.10),
-                                   ('nothing_saveable', cp.nothing_saveable, 0.10),
-                                   ('dots_saveable', cp.dots_saveable, 0.10),
-                                   ('everything_saveable', cp.everything_saveable, 0.15)):
+  rows, without = {}, {}
+  for label, policy in (('no remat', None), ('nothing_saveable', cp.nothing_saveable),
+                        ('dots_saveable', cp.dots_saveable),
+                        ('everything_saveable', cp.everything_saveable)):
     loss, args = examples.transformer(num_layers=3, d_model=64, seq_len=64, batch=4,
                                       seed=31, policy=policy, remat=policy is not None)
     args = _on(mesh, args)
@@ -330,11 +333,20 @@ def test_an_estimate_for_a_gpu_follows_the_gpus_schedule():
     by_hand = jax.jit(jax.value_and_grad(loss)).lower(*args).compile()
     rows[label] = estimate.peak_bytes, by_hand.memory_analysis().peak_memory_in_bytes
     assert estimate.platform == 'gpu'
-    assert abs(rows[label][0] / rows[label][1] - 1) <= tolerance, (label, rows[label])
+    assert abs(rows[label][0] / rows[label][1] - 1) <= 0.10, (label, rows[label])
+    if policy is not None:
+      without[label] = {rule: _estimate_without(monkeypatch, rule, loss, args)
+                        for rule in ('makes_cheap_barrier_reads_late', 'merges_equal_values')}
   estimated = sorted(rows, key=lambda label: rows[label][0])
   assert estimated == sorted(rows, key=lambda label: rows[label][1]), rows
   assert estimated == ['nothing_saveable', 'dots_saveable', 'no remat',
                        'everything_saveable'], rows
+  estimate, compiled = rows['everything_saveable']
+  assert abs(estimate / compiled - 1) <= 0.02, rows
+  assert without['everything_saveable']['makes_cheap_barrier_reads_late'] / compiled - 1 > 0.10
+  assert without['everything_saveable']['merges_equal_values'] / compiled - 1 > 0.04
+  for label in ('nothing_saveable', 'dots_saveable'):
+    assert set(without[label].values()) == {rows[label][0]}, (label, without[label], rows)
   # XLA:TPU's fusions are not modelled, and the estimate says so.
   loss, args = examples.transformer(num_layers=1, d_model=32, seq_len=16, batch=2, seed=32)
   on_tpu = estimate_costs(loss, *_on(rx.target_mesh('v5e:2x2'), args))
@@ -352,12 +364,14 @@ def test_a_gpu_fusion_writes_apart_from_what_remat_reads_through_its_barrier(
   it would hold, written channels-last (the example) or channels-first.
   The estimate holds both, lands on those peaks compiled by hand, and
   orders ``dots_saveable`` above no remat as it compiles; without the rule
-  it is over 10% under and gives the two one figure."""
+  it is over 10% under and gives the two one figure. ``everything_saveable``
+  saves the relu's mask, made where the forward pass makes it."""
   from tests import framework_models
   build = examples.convnet if layout == 'channels-last' else framework_models.channels_first_convnet
   rows = {}
   for label, policy in (('no remat', None), ('nothing_saveable', cp.nothing_saveable),
-                        ('dots_saveable', cp.dots_saveable)):
+                        ('dots_saveable', cp.dots_saveable),
+                        ('everything_saveable', cp.everything_saveable)):
     loss, args = build(seed=34, policy=policy, remat=policy is not None)
     args = _on_one_h100(args)
     by_hand = jax.jit(jax.value_and_grad(loss)).lower(*args).compile()
@@ -376,6 +390,10 @@ def test_a_gpu_fusion_writes_apart_from_what_remat_reads_through_its_barrier(
   assert rows['dots_saveable'][2] > 1.10 * rows['no remat'][2], rows
   assert rows['dots_saveable'][0] > rows['no remat'][0], rows
   assert rows['dots_saveable'][1] == rows['no remat'][1], rows
+  # The relu's mask, saved, is made in the forward pass: the convolution's
+  # output it is computed from dies there (no cheap value made late).
+  estimate, _, compiled = rows['everything_saveable']
+  assert abs(estimate / compiled - 1) <= 0.02, rows
 
 
 def test_a_gpu_loop_body_makes_apart_the_slices_its_barrier_reads(monkeypatch):

@@ -24,10 +24,13 @@ A liveness model of what XLA would hold, read from the jaxpr alone:
 * What the platform's backend adds or splits apart that the jaxpr does not
   say (``backend.py``: on the CPU, convolution operands copied into its
   layout, values its reductions do not fuse, cheap values repeated in their
-  readers, values both passes read) is added as it would run.
+  readers, values both passes read; on a GPU, values remat's barrier reads
+  and equal values merged) is added as it would run.
 
 Equations run in the jaxpr's order (on the CPU, remat's recompute moved
-to the forward pass, ``backend.py``), which XLA's scheduler is free to change:
+to the forward pass; on a GPU, cheap values only the backward pass reads
+made just before it reads them: ``backend.py``), which XLA's scheduler is
+free to change:
 this is a model, not a measurement (``bench/estimates.py`` measures how far
 from XLA's compiled peak it lands).
 """
@@ -89,7 +92,9 @@ class _Scope:
     passes: dict = {}  # root -> {whether a reader is the backward pass's}
     self.constants: dict = {}  # key -> the one number all its elements are
     self.last_use: dict = {}
+    first_use: dict = {}  # root -> the first equation that reads it
     self.made_by: dict = {}  # root -> the operation that writes it
+    computed: dict = {}  # what an elementwise equation computes -> its value
     root = self.root.get
     for i, op in enumerate(self.ops):
       if not self.live[i]:
@@ -99,6 +104,7 @@ class _Scope:
       backward = op.is_backward()
       for r in op.roots:
         self.last_use[r] = i
+        first_use.setdefault(r, i)
         fused_reader[r] = fused_reader.get(r, True) and kind != 'materialising'
         if kind != 'materialising':
           last_fused_read[r] = i
@@ -114,6 +120,11 @@ class _Scope:
           if source is not None:
             self.root[out] = self.of(source)
         continue
+      if backend.merges_equal_values:  # XLA's CSE (``backend.py``)
+        same = _computation(op, root)
+        if same is not None and computed.setdefault(same, op.writes[0]) != op.writes[0]:
+          self.root[op.writes[0]] = self.of(computed[same])
+          continue
       for out, out_bytes in zip(op.writes, op.output_bytes(backend.stored_bytes)):
         size[out] = out_bytes
         self.made_by[out] = op
@@ -134,6 +145,11 @@ class _Scope:
     if backend.materialises_values_read_through_barriers:
       for k in self.read_through_barriers.intersection(self.made_by):
         self.materialised[k] = True
+    # Of those, the cheap ones only the backward pass reads are made just
+    # before it reads them (``backend.py``): root -> that equation's index.
+    self.made_late: dict = {}
+    if backend.makes_cheap_barrier_reads_late:
+      self.made_late = self._cheap_barrier_reads(first_use)
     # Values both passes read that XLA makes apart rather than repeat
     # (``backend.py``).
     if backend.materialises_values_both_passes_read:
@@ -175,6 +191,49 @@ class _Scope:
           if self.of(k) in sliced and op.name != 'dot_general':
             self.bytes[self.of(k)] = sliced[self.of(k)]
             self.slices_read_through_barriers.add(self.of(k))
+
+  def _cheap_barrier_reads(self, first_use) -> dict:
+    """Values remat's backward block reads through its barrier that the
+    backward pass reads first, each computed by cheap elementwise work
+    (``_cheap_inputs``) (``backend.py``): {root: the index of its first
+    reader}. What they are computed from is kept until then."""
+    late = {}
+    for k in self.read_through_barriers.intersection(self.made_by):
+      op, first = self.made_by[k], first_use.get(k)
+      if first is None or op.in_backward or not self.ops[first].in_backward:
+        continue
+      inputs = self._cheap_inputs(op)
+      if inputs is not None:
+        late[k] = first
+        for r in inputs:
+          self.last_use[r] = max(self.last_use.get(r, first), first)
+    return late
+
+  def _cheap_inputs(self, op: Op):
+    """The materialised values `op` is computed from, through the
+    unmaterialised values it reads, where all of it is cheap elementwise
+    work (``integer_pow`` is multiplications to XLA) on the step's
+    arguments or on values the backward pass reads anyway, none made by a
+    transcendental of `op`'s shape (XLA:GPU computes such a reader in the
+    transcendental's own fusion, as another of its outputs); else None."""
+    shape = op.eqn.outvars[0].aval.shape
+    cone, seen, inputs = [op], set(), []
+    while cone:
+      o = cone.pop()
+      if o.added or o.kind != 'fusible' or (o.name in EXPENSIVE and o.name != 'integer_pow'):
+        return None
+      for r in o.roots - seen:
+        seen.add(r)
+        maker = self.made_by.get(r)
+        if maker is not None and not self.materialised.get(r, True):
+          cone.append(maker)
+        elif maker is not None and (
+            maker.added or not self.ops[self.last_use[r]].in_backward
+            or (maker.name in EXPENSIVE and maker.eqn.outvars[0].aval.shape == shape)):
+          return None
+        else:
+          inputs.append(r)
+    return inputs
 
   def _note_constant(self, op: Op) -> None:
     """Record `op`'s value if every element of it is one literal number."""
@@ -293,13 +352,19 @@ def peak_bytes(jaxpr: Jaxpr | ClosedJaxpr, *, count_outputs: bool = True,
   # On the CPU every loop's state is made when the program starts (``backend.py``).
   early = _loop_state(scope) if backend.loop_state_made_first else set()
   early |= scope.slices_read_through_barriers
+  # Made just before their first reader rather than where the jaxpr makes them.
+  made_late: dict[int, list] = {}
+  for k, i in scope.made_late.items():
+    made_late.setdefault(i, []).append(k)
   live = sum(allocated(k, 0) for k in early)
   peak = 0
   for i, (op, is_live) in enumerate(zip(scope.ops, scope.live)):
     if not is_live:
       continue
     dying = dies_at.get(i, ())
-    outs = [k for k in op.writes if k not in root and k not in early]
+    live += sum(allocated(k, 0) for k in made_late.get(i, ()))
+    outs = [k for k in op.writes if k not in root and k not in early
+            and k not in scope.made_late]
     new = never_read = 0
     for k in outs:
       n = allocated(k, 0)
@@ -312,6 +377,24 @@ def peak_bytes(jaxpr: Jaxpr | ClosedJaxpr, *, count_outputs: bool = True,
     for r in dying:
       live -= allocated(r, 0)
   return peak
+
+
+def _computation(op: Op, root):
+  """What an elementwise equation computes, as a key equal for two that
+  compute the same value: its primitive, parameters, operands (a value
+  read through remat's barrier is another operand than the same value
+  outside it) and result type; None for any other equation."""
+  if op.added or op.kind != 'fusible' or len(op.writes) != 1 or op.has_effects():
+    return None
+  operands = tuple((root(k, k), k in op.fenced) if k is not None else repr(v.val)
+                   for k, v in zip(op.reads, op.eqn.invars))
+  out = op.eqn.outvars[0].aval
+  params = tuple(sorted(op.eqn.params.items()))
+  try:
+    hash(params)
+  except TypeError:  # a parameter that is not hashed: compared as it prints
+    params = repr(params)
+  return op.name, params, operands, out.shape, out.dtype
 
 
 def _reads_more_than_it_writes(op: Op) -> bool:
