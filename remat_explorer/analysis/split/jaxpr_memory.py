@@ -44,9 +44,9 @@ from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Var, jaxprs_i
 
 from remat_explorer.analysis.split.backend import GENERIC, Backend, reads_minor_broadcast
 from remat_explorer.analysis.split.operations import (EXPENSIVE, IN_PLACE, LOOPS_AND_BRANCHES,
-                                                      Op, as_jaxpr, flatten, in_schedule_order,
-                                                      value_bytes, with_layout_copies,
-                                                      with_shared_broadcasts)
+                                                      Op, as_jaxpr, computation_key, flatten,
+                                                      in_schedule_order, value_bytes,
+                                                      with_layout_copies, with_shared_broadcasts)
 from remat_explorer.engine import scan_consts_and_carries
 
 # Equations that give a value every element of which is their operand's one
@@ -121,7 +121,7 @@ class _Scope:
             self.root[out] = self.of(source)
         continue
       if backend.merges_equal_values:  # XLA's CSE (``backend.py``)
-        same = _computation(op, root)
+        same = computation_key(op, root)
         if same is not None and computed.setdefault(same, op.writes[0]) != op.writes[0]:
           self.root[op.writes[0]] = self.of(computed[same])
           continue
@@ -195,7 +195,7 @@ class _Scope:
   def _cheap_barrier_reads(self, first_use) -> dict:
     """Values remat's backward block reads through its barrier that the
     backward pass reads first, each computed by cheap elementwise work
-    (``_cheap_inputs``) (``backend.py``): {root: the index of its first
+    (``_cheap_inputs``, ``backend.py``): {root: the index of its first
     reader}. What they are computed from is kept until then."""
     late = {}
     for k in self.read_through_barriers.intersection(self.made_by):
@@ -377,24 +377,6 @@ def peak_bytes(jaxpr: Jaxpr | ClosedJaxpr, *, count_outputs: bool = True,
     for r in dying:
       live -= allocated(r, 0)
   return peak
-
-
-def _computation(op: Op, root):
-  """What an elementwise equation computes, as a key equal for two that
-  compute the same value: its primitive, parameters, operands (a value
-  read through remat's barrier is another operand than the same value
-  outside it) and result type; None for any other equation."""
-  if op.added or op.kind != 'fusible' or len(op.writes) != 1 or op.has_effects():
-    return None
-  operands = tuple((root(k, k), k in op.fenced) if k is not None else repr(v.val)
-                   for k, v in zip(op.reads, op.eqn.invars))
-  out = op.eqn.outvars[0].aval
-  params = tuple(sorted(op.eqn.params.items()))
-  try:
-    hash(params)
-  except TypeError:  # a parameter that is not hashed: compared as it prints
-    params = repr(params)
-  return op.name, params, operands, out.shape, out.dtype
 
 
 def _reads_more_than_it_writes(op: Op) -> bool:

@@ -3,7 +3,8 @@ reads them: calls inlined into one list of operations, each reading and
 writing values by key, in the order XLA's scheduler runs them, with the
 operations XLA:CPU adds that the jaxpr does not have (``backend.py``:
 convolution operands copied into its layout, broadcasts both passes
-share)."""
+share), and what an elementwise equation computes, by which XLA's CSE
+merges equal ones."""
 
 from __future__ import annotations
 
@@ -185,6 +186,25 @@ def _behind_barrier(eqn: JaxprEqn, reads) -> frozenset:
   prevent = params['prevent_cse']
   flags = prevent if isinstance(prevent, tuple) else (prevent,) * len(reads)
   return frozenset(k for k, flag in zip(reads, flags) if flag and k is not None)
+
+
+def computation_key(op: Op, root):
+  """What an elementwise equation computes, as a key equal for two that
+  compute the same value: its primitive, parameters, operands (a value
+  read through remat's barrier is another operand than the same value
+  outside it) and result type; None for any other equation. `root` maps a
+  key to the buffer it views. XLA's CSE on a GPU (``backend.py``)."""
+  if op.added or op.kind != 'fusible' or len(op.writes) != 1 or op.has_effects():
+    return None
+  operands = tuple((root(k, k), k in op.fenced) if k is not None else repr(v.val)
+                   for k, v in zip(op.reads, op.eqn.invars))
+  out = op.eqn.outvars[0].aval
+  params = tuple(sorted(op.eqn.params.items()))
+  try:
+    hash(params)
+  except TypeError:  # a parameter that is not hashed: compared as it prints
+    params = repr(params)
+  return op.name, params, operands, out.shape, out.dtype
 
 
 def in_schedule_order(ops: list[Op]) -> list[Op]:
