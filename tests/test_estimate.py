@@ -131,14 +131,15 @@ def _recurrent_lm():
   return framework_models.linen_recurrent(batch=4, seq=128, width=64, depth=3)
 
 
-def _estimate_without(monkeypatch, rule: str, loss, args, policy=None) -> int:
-  """The estimated peak of `loss` under `policy` with `rule` (a field of
-  ``backend.Backend``) turned off, the caches cleared on both sides."""
+def _estimate_without(monkeypatch, rule: str, loss, args, policy=None, **options) -> int:
+  """The estimated peak of `loss` under `policy` (and `options`) with
+  `rule` (a field of ``backend.Backend``) turned off, the caches cleared
+  on both sides."""
   clear_caches()
   with monkeypatch.context() as patch:
     patch.setattr(estimate_module, 'backend_of', lambda platform: dataclasses.replace(
         backend_of(platform), **{rule: False}))
-    without = estimate_costs(loss, *args, policy=policy).peak_bytes
+    without = estimate_costs(loss, *args, policy=policy, **options).peak_bytes
   clear_caches()
   return without
 
@@ -394,6 +395,28 @@ def test_a_gpu_fusion_writes_apart_from_what_remat_reads_through_its_barrier(
   # output it is computed from dies there (no cheap value made late).
   estimate, _, compiled = rows['everything_saveable']
   assert abs(estimate / compiled - 1) <= 0.02, rows
+
+
+def test_a_cheap_value_made_late_from_a_returned_value_on_a_gpu(monkeypatch):
+  """A gelu's ``3 * x**2``, saved, is made just before the backward pass
+  reads it, though the ``x`` it is computed from is also returned (as
+  ``aux``): a returned value is kept to the end, so the rule applies to
+  it, lowering the estimate, without reading past the end of the step."""
+  def block(w, x):
+    h = x @ w
+    return jax.nn.gelu(h) @ w.T, h
+
+  def loss(w, x):
+    y, h = rx.checkpoint(block, policy=cp.everything_saveable)(w, x)
+    return jnp.sum(y ** 2), h
+
+  w, x = _on_one_h100([jax.ShapeDtypeStruct((64, 64), jnp.float32),
+                       jax.ShapeDtypeStruct((32, 64), jnp.float32)])
+  clear_caches()
+  estimate = estimate_costs(loss, w, x, has_aux=True).peak_bytes
+  without = _estimate_without(monkeypatch, 'makes_cheap_barrier_reads_late', loss, (w, x),
+                              has_aux=True)
+  assert estimate < without, (estimate, without)
 
 
 def test_a_gpu_loop_body_makes_apart_the_slices_its_barrier_reads(monkeypatch):

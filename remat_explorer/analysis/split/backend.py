@@ -125,9 +125,10 @@ read on:
   the result); a value read through remat's barrier is another operand
   than the same value outside it. With the rule above it puts the unrolled
   transformer's ``everything_saveable`` 4.6% over (0.5% over 512 tokens,
-  13.8% before both), and recurrentgemma's Griffin 0.4% (7.7% before). On the CPU, whose rules were read
-  without it, it put the unrolled transformer 4.8-7.8% under its compiled
-  peaks instead of within 3.5%: kept to the GPU.
+  13.8% before both), and recurrentgemma's Griffin 0.4% (7.7% before). On
+  the CPU, whose rules were read without it, it put the unrolled
+  transformer 4.8-7.8% under its compiled peaks instead of within 3.5%:
+  kept to the GPU.
 * **Tiles** (TPU). XLA:TPU stores an array in tiles: its minor dimension
   padded to a multiple of 128, its second-minor one to a multiple of 8
   (to 1, 2 or 4 where it is that small); a vector or a scalar in 128,

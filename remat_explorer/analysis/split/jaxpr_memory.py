@@ -122,9 +122,11 @@ class _Scope:
         continue
       if backend.merges_equal_values:  # XLA's CSE (``backend.py``)
         same = computation_key(op, root)
-        if same is not None and computed.setdefault(same, op.writes[0]) != op.writes[0]:
+        if same is not None and same in computed:
           self.root[op.writes[0]] = self.of(computed[same])
           continue
+        if same is not None:
+          computed[same] = op.writes[0]
       for out, out_bytes in zip(op.writes, op.output_bytes(backend.stored_bytes)):
         size[out] = out_bytes
         self.made_by[out] = op
@@ -206,7 +208,7 @@ class _Scope:
       if inputs is not None:
         late[k] = first
         for r in inputs:
-          self.last_use[r] = max(self.last_use.get(r, first), first)
+          self.last_use[r] = max(self.last_use[r], first)
     return late
 
   def _cheap_inputs(self, op: Op):
@@ -228,12 +230,17 @@ class _Scope:
         if maker is not None and not self.materialised.get(r, True):
           cone.append(maker)
         elif maker is not None and (
-            maker.added or not self.ops[self.last_use[r]].in_backward
+            maker.added or not self._kept_for_the_backward_pass(r)
             or (maker.name in EXPENSIVE and maker.eqn.outvars[0].aval.shape == shape)):
           return None
         else:
           inputs.append(r)
     return inputs
+
+  def _kept_for_the_backward_pass(self, k) -> bool:
+    """Whether the value rooted at `k` lives into the backward pass: read
+    last there, or returned (kept to the end)."""
+    return k in self.outputs or self.ops[self.last_use[k]].in_backward
 
   def _note_constant(self, op: Op) -> None:
     """Record `op`'s value if every element of it is one literal number."""
