@@ -578,6 +578,32 @@ def test_explorer_controls_change_the_views(problem):
   assert e.current_report().lowering == 'none'
 
 
+def test_the_residual_chart_is_drawn_once_for_each_report(problem, monkeypatch):
+  """Sorting the residual table or picking a block redraws the views of
+  the same report: its table follows, its chart is the one drawn before.
+  Another policy's report gets a chart of its own."""
+  from remat_explorer.viz.widget import explorer as explorer_module
+  drawn = []
+  plot = explorer_module.plot_residuals_by_origin
+  monkeypatch.setattr(explorer_module, 'plot_residuals_by_origin',
+                      lambda report: drawn.append(report.policy) or plot(report))
+  f, args = problem
+  e = rx.explore(f, *args)
+  e.wait(300)
+  chart = lambda: e.residual_view.value[e.residual_view.value.index('<div class="remat-chart"'):]
+  table = lambda: re.findall(r'<tr><td>(\d+)</td>', e.residual_view.value)
+  first_chart, by_bytes = chart(), table()
+  e.sort_by.value = 'index'
+  assert table() == sorted(by_bytes, key=int) != by_bytes
+  e.block.value = e.block.options[-1]
+  assert e.block.value != e.block.options[0]
+  e.wait(300)
+  assert chart() == first_chart and len(drawn) == 1
+  e.policy.value = 'everything_saveable'
+  e.wait(300)
+  assert drawn[1:] == ['everything_saveable'] and chart() != first_chart
+
+
 def test_every_caption_names_policy_lowering_and_device(problem):
   f, args = problem
   e = rx.explore(f, *args)

@@ -149,6 +149,10 @@ class Explorer:
     # its error), then the compiled costs (or the compile's error).
     self._snapshot: dict = {}
     self._snapshot_costs: dict = {}
+    # The residual chart of the report last drawn, with that report: opening
+    # a node, picking a block or sorting the table redraws the views of the
+    # same (cached) report, and drawing the chart's PNG took most of that.
+    self._residual_chart: tuple[object, str] = (None, '')
 
     self.lowering = w.Dropdown(options=list(LOWERINGS), value=DEFAULT_LOWERING,
                                description='lowering')
@@ -344,10 +348,13 @@ class Explorer:
   def _render_residuals(self, report) -> None:
     caption = caption_html(self._shown(report), report.lowering, _panels.device_text(report),
                            'residuals')
+    if self._residual_chart[0] is not report:
+      self._residual_chart = (report, chart_img(plot_residuals_by_origin(report),
+                                                'residual bytes by origin'))
     self.residual_view.value = (
         f'{caption}{warnings_html(report.warnings)}<div class="remat-residuals">'
         f'{residual_table_html(report, sort_by=self.sort_by.value)}</div>'
-        + chart_img(plot_residuals_by_origin(report), 'residual bytes by origin'))
+        + self._residual_chart[1])
 
   def _costs_html(self, fn, label, policy, lowering, report) -> tuple[str, dict]:
     """On a worker: compile `fn` under `policy` and under no remat; the
