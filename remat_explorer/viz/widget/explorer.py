@@ -149,9 +149,9 @@ class Explorer:
     # its error), then the compiled costs (or the compile's error).
     self._snapshot: dict = {}
     self._snapshot_costs: dict = {}
-    # The residual chart of the report last drawn, with that report: opening
-    # a node, picking a block or sorting the table redraws the views of the
-    # same (cached) report, and drawing the chart's PNG took most of that.
+    # The residual chart of the report last drawn, with that report: picking
+    # a block or sorting the table redraws the views of the same (cached)
+    # report, and drawing the chart's PNG took most of that.
     self._residual_chart: tuple[object, str] = (None, '')
 
     self.lowering = w.Dropdown(options=list(LOWERINGS), value=DEFAULT_LOWERING,
