@@ -378,7 +378,9 @@ def test_a_gpu_fusion_writes_apart_from_what_remat_reads_through_its_barrier(
     by_hand = jax.jit(jax.value_and_grad(loss)).lower(*args).compile()
     clear_caches()
     estimate = estimate_costs(loss, *args).peak_bytes
-    without = _estimate_without(monkeypatch, 'writes_apart_from_barrier_reads', loss, args)
+    # Estimated without the rule only where that figure is checked.
+    without = (None if label == 'everything_saveable' else
+               _estimate_without(monkeypatch, 'writes_apart_from_barrier_reads', loss, args))
     rows[label] = estimate, without, by_hand.memory_analysis().peak_memory_in_bytes
   for label in ('nothing_saveable', 'dots_saveable'):
     estimate, without, compiled = rows[label]

@@ -119,6 +119,7 @@ read on:
   the recurrence reads (``loop_multiply_subtract_transpose_fusion``), and
   the rule puts its ``everything_saveable`` 9.4% under (1.3% over
   without it).
+
 * **Equal values merged** (GPU). XLA's CSE makes one value of elementwise
   equations that compute the same thing from the same operands (JAX
   computes a layer norm's ``x - mean`` twice, for the variance and for
@@ -129,6 +130,7 @@ read on:
   the CPU, whose rules were read without it, it put the unrolled
   transformer 4.8-7.8% under its compiled peaks instead of within 3.5%:
   kept to the GPU.
+
 * **Tiles** (TPU). XLA:TPU stores an array in tiles: its minor dimension
   padded to a multiple of 128, its second-minor one to a multiple of 8
   (to 1, 2 or 4 where it is that small); a vector or a scalar in 128,
