@@ -758,25 +758,34 @@ def test_compiles_for_figures_keep_no_program_once_read(monkeypatch):
   assert kept == [(False, False)] * len(made), kept
 
 
-def test_freed_memory_is_given_back_once_the_process_has_grown():
+def test_freed_memory_is_given_back_once_the_process_has_grown(monkeypatch):
   """After a compile is read, the heaps' free pages go back to the system
   when the process grew by `WORTH_GIVING_BACK` since they last did (a large
   program's compile), and are left alone otherwise (a small one's, whose
   pages the next compile would fault in again)."""
   from remat_explorer.analysis import freed_memory
-  freed_memory.give_back_freed_memory()  # what earlier tests left
+  worth = freed_memory.WORTH_GIVING_BACK
+
+  def grow_and_free(total: int):
+    """`total` bytes in blocks under glibc's mmap threshold (its heaps, as a
+    compile's many small buffers are), written so that they are resident,
+    then every other one freed: free pages amid used ones, which glibc
+    keeps for reuse unless trimmed. Returns the blocks still used."""
+    blocks = [b'\1' * 100_000 for _ in range(total // 100_000)]
+    return blocks[1::2]
+
+  with monkeypatch.context() as m:  # what earlier tests left, given back
+    m.setattr(freed_memory, 'WORTH_GIVING_BACK', 0)
+    freed_memory.give_back_freed_memory()
   assert not freed_memory.give_back_freed_memory()  # nothing grew since
-  # About 300 MiB in blocks under glibc's mmap threshold (its heaps, as a
-  # compile's many small buffers are), every other one freed: free pages
-  # amid used ones, which glibc keeps for reuse unless trimmed.
-  blocks = [b'\1' * 100_000 for _ in range(3_000)]  # written, so resident
-  kept = blocks[1::2]
-  del blocks
+  small = grow_and_free(worth // 2)  # half of it kept, half free
+  assert not freed_memory.give_back_freed_memory()
+  large = grow_and_free(2 * worth)
   grown = freed_memory.resident_bytes()
   assert freed_memory.give_back_freed_memory()
-  assert grown - freed_memory.resident_bytes() >= 100 << 20
+  assert grown - freed_memory.resident_bytes() >= worth // 2
   assert not freed_memory.give_back_freed_memory()
-  del kept
+  del small, large
 
 
 def test_a_comparison_with_runs_compiles_each_row_once(monkeypatch):
