@@ -39,7 +39,11 @@ def execute(path: Path, *, write: bool = False, timeout: int = 600,
   waiting = write if wait_for_explorers is None else wait_for_explorers
   if waiting:
     notebook.cells.append(nbformat.v4.new_code_cell(WAIT_FOR_EXPLORERS.format(timeout=timeout)))
+  # The kernel is stopped once the last cell has run, not asked to exit:
+  # at exit it would first finish what a last cell's Explorer still
+  # compiles (a script's end waits for that), which nothing here reads.
   client = NotebookClient(notebook, timeout=timeout, kernel_name='python3',
+                          shutdown_kernel='immediate',
                           resources={'metadata': {'path': str(path.parent)}})
   start = time.perf_counter()
   client.execute(**({'env': env} if env is not None else {}))
