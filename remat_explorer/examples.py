@@ -4,8 +4,8 @@ Notebooks, tests, benchmarks and the HTML report need programs that look like
 what people actually checkpoint: a deep MLP under ``scan``, a transformer (as
 an unrolled loop or under ``scan``) and a small convnet. Each builder returns
 ``(loss_fn, args)``: ``loss_fn(*args)`` is a scalar float32 loss and ``args``
-is ``(params, batch)``, drawn from ``jax.random.key(seed)``. Differentiate with
-respect to argument 0, the params::
+is ``(params, batch)``, drawn from NumPy's generator seeded with ``seed``.
+Differentiate with respect to argument 0, the params::
 
   loss_fn, args = examples.build('transformer', num_layers=2)
   grads = jax.grad(loss_fn)(*args)
@@ -26,13 +26,13 @@ only, nothing allocated.
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from remat_explorer import checkpoint, checkpoint_name
@@ -56,23 +56,48 @@ def _maybe_checkpoint(fn: Callable, *, remat: bool, policy: Callable | None,
   return checkpoint(fn, policy=policy, prevent_cse=prevent_cse) if remat else fn
 
 
-def _normals(key: jax.Array,
-             shapes: dict[str, tuple[int, ...]]) -> dict[str, jax.Array]:
-  """Independent float32 standard normals of the given shapes, by name.
+class _Arrays:
+  """Example arrays by shape, drawn one after another from NumPy's generator
+  seeded with `seed`; with `abstract`, only their ``jax.ShapeDtypeStruct``s.
 
-  They come from one ``jax.random.normal`` call, split up: XLA compiles
-  every threefry call on its own, and one per array made a build take
-  seconds on a CPU. Callers are jitted for the same reason.
+  NumPy draws them on the host, where a ``jax.random`` draw is a program
+  XLA compiles first: a second of compile for each model on a CPU, more
+  than drawing takes at these sizes. ``placed`` turns them into JAX arrays
+  once they are all drawn.
   """
-  sizes = [math.prod(shape) for shape in shapes.values()]
-  flat = jax.random.normal(key, (sum(sizes),), jnp.float32)
-  pieces = jnp.split(flat, list(itertools.accumulate(sizes))[:-1])
-  return {name: piece.reshape(shape)
-          for (name, shape), piece in zip(shapes.items(), pieces)}
 
+  def __init__(self, seed: int, abstract: bool):
+    self._rng = None if abstract else np.random.default_rng(seed)
 
-def _fan_in_scaled(x: jax.Array, fan_in: int) -> jax.Array:
-  return x / math.sqrt(fan_in)
+  def _made(self, shape, dtype, draw: Callable[[], np.ndarray]):
+    if self._rng is None:
+      return jax.ShapeDtypeStruct(shape, dtype)
+    return draw()
+
+  def normal(self, shape: tuple[int, ...], fan_in: int = 1, scale: float = 1.0):
+    """Standard normals times `scale`, over the square root of `fan_in`."""
+    factor = np.float32(scale / math.sqrt(fan_in))
+    return self._made(shape, jnp.float32, lambda: factor * self._rng.standard_normal(
+        shape, dtype=np.float32))
+
+  def filled(self, shape: tuple[int, ...], value: float):
+    return self._made(shape, jnp.float32, lambda: np.full(shape, value, np.float32))
+
+  def integers(self, shape: tuple[int, ...], high: int):
+    """Uniform int32s in ``[0, high)``."""
+    return self._made(shape, jnp.int32, lambda: self._rng.integers(
+        0, high, shape, dtype=np.int32))
+
+  @staticmethod
+  def layer(stacked, i: int):
+    """Layer `i` of an array stacked along its leading axis."""
+    if isinstance(stacked, jax.ShapeDtypeStruct):
+      return jax.ShapeDtypeStruct(stacked.shape[1:], stacked.dtype)
+    return stacked[i]
+
+  def placed(self, tree):
+    """`tree` with its drawn arrays as JAX arrays (abstract ones as they are)."""
+    return tree if self._rng is None else jax.tree_util.tree_map(jnp.asarray, tree)
 
 
 def _layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array) -> jax.Array:
@@ -87,27 +112,23 @@ def _cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
   return -jnp.mean(picked)
 
 
-def _drawn(make_args: Callable, key: jax.Array, abstract: bool, **sizes):
-  """``make_args(key, **sizes)``, or with `abstract` only its shapes and
-  dtypes (``jax.ShapeDtypeStruct``s, as ``jax.eval_shape`` gives them):
-  nothing is allocated, so a model too large for this machine can still be
-  compiled and measured (``compile_costs`` and the rest take such
-  arguments)."""
-  if abstract:
-    return jax.eval_shape(functools.partial(make_args, **sizes), key)
-  return make_args(key, **sizes)
+def _drawn(make_args: Callable, seed: int, abstract: bool, **sizes):
+  """``make_args(arrays, **sizes)`` with ``arrays`` drawing from `seed`; with
+  `abstract` only the shapes and dtypes (``jax.ShapeDtypeStruct``s, as
+  ``jax.eval_shape`` gives them): nothing is allocated, so a model too large
+  for this machine can still be compiled and measured (``compile_costs`` and
+  the rest take such arguments)."""
+  arrays = _Arrays(seed, abstract)
+  return arrays.placed(make_args(arrays, **sizes))
 
 
 # -- mlp ----------------------------------------------------------------------
 
-@functools.partial(jax.jit, static_argnames=('num_layers', 'width', 'batch'))
-def _mlp_args(key: jax.Array, *, num_layers: int, width: int, batch: int
-              ) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
-  r = _normals(key, {'w': (num_layers, width, width), 'x': (batch, width),
-                     'target': (batch, width)})
-  params = {'w': _fan_in_scaled(r['w'], width),
-            'b': jnp.zeros((num_layers, width), jnp.float32)}
-  return params, {'x': r['x'], 'target': r['target']}
+def _mlp_args(arrays: _Arrays, *, num_layers: int, width: int, batch: int):
+  params = {'w': arrays.normal((num_layers, width, width), fan_in=width),
+            'b': arrays.filled((num_layers, width), 0.0)}
+  return params, {'x': arrays.normal((batch, width)),
+                  'target': arrays.normal((batch, width))}
 
 
 def mlp(*, num_layers: int = 16, width: int = 512, batch: int = 256,
@@ -132,7 +153,7 @@ def mlp(*, num_layers: int = 16, width: int = 512, batch: int = 256,
     >>> params['w'].shape, batch['x'].shape, loss_fn(params, batch).shape
     ((2, 16, 16), (4, 16), ())
   """
-  params, data = _drawn(_mlp_args, jax.random.key(seed), abstract,
+  params, data = _drawn(_mlp_args, seed, abstract,
                         num_layers=num_layers, width=width, batch=batch)
 
   def layer(h, p):
@@ -184,43 +205,39 @@ def _transformer_block(x: jax.Array, p: dict[str, jax.Array], num_heads: int,
   return x + out
 
 
-def _stacked_block_params(r: dict[str, jax.Array], num_layers: int,
-                          d_model: int, d_ff: int) -> dict[str, jax.Array]:
+def _stacked_block_params(arrays: _Arrays, num_layers: int, d_model: int,
+                          d_ff: int) -> dict[str, Any]:
   """Every block's params, stacked along a leading layer axis."""
-  ones = lambda n: jnp.ones((num_layers, n), jnp.float32)
-  zeros = lambda n: jnp.zeros((num_layers, n), jnp.float32)
+  ones = lambda n: arrays.filled((num_layers, n), 1.0)
+  zeros = lambda n: arrays.filled((num_layers, n), 0.0)
+  square = (num_layers, d_model, d_model)
   return {
       'ln1_scale': ones(d_model), 'ln1_bias': zeros(d_model),
-      **{w: _fan_in_scaled(r[w], d_model) for w in ('wq', 'wk', 'wv', 'wo')},
+      **{w: arrays.normal(square, fan_in=d_model) for w in ('wq', 'wk', 'wv', 'wo')},
       'ln2_scale': ones(d_model), 'ln2_bias': zeros(d_model),
-      'w1': _fan_in_scaled(r['w1'], d_model), 'b1': zeros(d_ff),
-      'w2': _fan_in_scaled(r['w2'], d_ff), 'b2': zeros(d_model),
+      'w1': arrays.normal((num_layers, d_model, d_ff), fan_in=d_model), 'b1': zeros(d_ff),
+      'w2': arrays.normal((num_layers, d_ff, d_model), fan_in=d_ff), 'b2': zeros(d_model),
   }
 
 
-@functools.partial(jax.jit, static_argnames=(
-    'num_layers', 'd_model', 'seq_len', 'batch', 'd_ff', 'use_scan'))
-def _transformer_args(key: jax.Array, *, num_layers: int, d_model: int,
+def _transformer_args(arrays: _Arrays, *, num_layers: int, d_model: int,
                       seq_len: int, batch: int, d_ff: int, use_scan: bool):
-  k_normal, k_tokens = jax.random.split(key)
-  square = (num_layers, d_model, d_model)
-  r = _normals(k_normal, {
-      'embed': (VOCAB_SIZE, d_model), 'pos': (seq_len, d_model),
-      'unembed': (d_model, VOCAB_SIZE), 'wq': square, 'wk': square,
-      'wv': square, 'wo': square, 'w1': (num_layers, d_model, d_ff),
-      'w2': (num_layers, d_ff, d_model)})
-  blocks = _stacked_block_params(r, num_layers, d_model, d_ff)
+  blocks = _stacked_block_params(arrays, num_layers, d_model, d_ff)
   if not use_scan:
     # Slices of the stacked params, so both forms hold the same numbers.
-    blocks = [jax.tree_util.tree_map(lambda a: a[i], blocks)
+    blocks = [{k: arrays.layer(a, i) for k, a in blocks.items()}
               for i in range(num_layers)]
   params = {
-      'embed': r['embed'], 'pos': 0.1 * r['pos'], 'blocks': blocks,
-      'ln_scale': jnp.ones((d_model,), jnp.float32),
-      'ln_bias': jnp.zeros((d_model,), jnp.float32),
-      'unembed': _fan_in_scaled(r['unembed'], d_model),
+      'embed': arrays.normal((VOCAB_SIZE, d_model)),
+      'pos': arrays.normal((seq_len, d_model), scale=0.1), 'blocks': blocks,
+      'ln_scale': arrays.filled((d_model,), 1.0),
+      'ln_bias': arrays.filled((d_model,), 0.0),
+      'unembed': arrays.normal((d_model, VOCAB_SIZE), fan_in=d_model),
   }
-  tokens = jax.random.randint(k_tokens, (batch, seq_len + 1), 0, VOCAB_SIZE)
+  tokens = arrays.integers((batch, seq_len + 1), VOCAB_SIZE)
+  if isinstance(tokens, jax.ShapeDtypeStruct):
+    window = jax.ShapeDtypeStruct((batch, seq_len), tokens.dtype)
+    return params, {'tokens': window, 'targets': window}
   return params, {'tokens': tokens[:, :-1], 'targets': tokens[:, 1:]}
 
 
@@ -256,7 +273,7 @@ def transformer(*, num_layers: int = 4, d_model: int = 128,
                      f'num_heads={num_heads}.')
   d_ff = 4 * d_model if d_ff is None else d_ff
   params, data = _drawn(
-      _transformer_args, jax.random.key(seed), abstract, num_layers=num_layers,
+      _transformer_args, seed, abstract, num_layers=num_layers,
       d_model=d_model, seq_len=seq_len, batch=batch, d_ff=d_ff, use_scan=use_scan)
 
   loss_fn = _transformer_loss(num_heads=num_heads, use_scan=use_scan,
@@ -418,7 +435,7 @@ def sharded_transformer(mesh: Mesh, *, num_layers: int = 2, d_model: int = 64,
     from remat_explorer import engine
     abstract = engine.is_compile_only(mesh.devices.flat[0])
   params, data = _drawn(
-      _transformer_args, jax.random.key(seed), abstract, num_layers=num_layers,
+      _transformer_args, seed, abstract, num_layers=num_layers,
       d_model=d_model, seq_len=seq_len, batch=batch, d_ff=d_ff, use_scan=use_scan)
   params_sharding = _param_shardings(mesh, params, use_scan, fsdp)
   data_sharding = NamedSharding(mesh, P('data', None))
@@ -447,25 +464,17 @@ def _conv3x3(x: jax.Array, kernel: jax.Array) -> jax.Array:
       dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
 
 
-@functools.partial(jax.jit, static_argnames=(
-    'num_blocks', 'channels', 'image_size', 'batch', 'num_classes'))
-def _convnet_args(key: jax.Array, *, num_blocks: int, channels: int,
+def _convnet_args(arrays: _Arrays, *, num_blocks: int, channels: int,
                   image_size: int, batch: int, num_classes: int):
-  k_normal, k_labels = jax.random.split(key)
   c_ins = [3 if i == 0 else channels for i in range(num_blocks)]
-  r = _normals(k_normal, {
-      'images': (batch, image_size, image_size, 3),
-      'head': (channels, num_classes),
-      **{f'kernel{i}': (3, 3, c_in, channels)
-         for i, c_in in enumerate(c_ins)}})
-  blocks = [{'kernel': _fan_in_scaled(r[f'kernel{i}'], 9 * c_in),
-             'bias': jnp.zeros((channels,), jnp.float32)}
-            for i, c_in in enumerate(c_ins)]
+  blocks = [{'kernel': arrays.normal((3, 3, c_in, channels), fan_in=9 * c_in),
+             'bias': arrays.filled((channels,), 0.0)}
+            for c_in in c_ins]
   params = {'blocks': blocks,
-            'head': _fan_in_scaled(r['head'], channels),
-            'head_bias': jnp.zeros((num_classes,), jnp.float32)}
-  labels = jax.random.randint(k_labels, (batch,), 0, num_classes)
-  return params, {'images': r['images'], 'labels': labels}
+            'head': arrays.normal((channels, num_classes), fan_in=channels),
+            'head_bias': arrays.filled((num_classes,), 0.0)}
+  return params, {'images': arrays.normal((batch, image_size, image_size, 3)),
+                  'labels': arrays.integers((batch,), num_classes)}
 
 
 def convnet(*, num_blocks: int = 3, channels: int = 16, image_size: int = 32,
@@ -489,7 +498,7 @@ def convnet(*, num_blocks: int = 3, channels: int = 16, image_size: int = 32,
   if num_blocks < 1:
     raise ValueError(f'convnet needs num_blocks >= 1, got {num_blocks}.')
   params, data = _drawn(
-      _convnet_args, jax.random.key(seed), abstract, num_blocks=num_blocks,
+      _convnet_args, seed, abstract, num_blocks=num_blocks,
       channels=channels, image_size=image_size, batch=batch, num_classes=num_classes)
 
   def block(x, p):
