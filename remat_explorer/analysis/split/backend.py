@@ -162,6 +162,16 @@ product), most of what the scanned transformer's estimate misses under the
 matmul policies (10-16% under): how far XLA splits follows its tiling
 heuristics, not the jaxpr, and it splits small products only (a
 ``[768,3072]`` product over 8,192 tokens is not split).
+Nor are XLA:CPU's YNNPACK reductions: a float32 sum, max or min over
+4,096 elements or more is a ``ynn_fusion`` of its own, which makes apart
+a value that something else reads too (the loss ``sum(relu(y) ** 2)``
+makes ``relu(y)`` apart, its gradient computes it again from ``y``) and
+any broadcast it reads, full size. That value is what the channels-first
+convnet's estimate misses (10.9-12.2% under). A rule for the first half,
+with the value's operands kept for its other readers, brought that
+model's no-remat estimate to 0.4% under, but gave no remat and
+``nothing_saveable`` one figure where they compile 12% apart, and moved
+the example convnet from its compiled peak to 3.4% over: not kept.
 """
 
 from __future__ import annotations
