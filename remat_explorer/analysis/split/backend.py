@@ -169,14 +169,14 @@ makes ``relu(y)`` apart, its gradient computes it again from ``y``) and
 any broadcast it reads, full size. That value is what the channels-first
 convnet's estimate misses (10.9-12.2% under): the loss's sum, which
 nothing else reads, is scheduled into the backward pass, and the value
-lives until then. A rule for the first half,
-with the value's operands kept for its other readers, brought that
-model's no-remat estimate to 0.4% under, but gave no remat and
-``nothing_saveable`` one figure where they compile 12% apart, and moved
-the example convnet from its compiled peak to 3.4% over; one that had
-the value die with the reduction, computed again in its other readers as
-XLA compiles it, left the channels-first convnet where it was (the late
-sum not modelled) and the example convnet 3.4% over: neither kept.
+lives until then. A rule for the first half, with the value's operands
+kept for its other readers, brought that model's no-remat estimate to
+0.4% under, but gave no remat and ``nothing_saveable`` one figure where
+they compile 12% apart, and moved the example convnet from its compiled
+peak to 3.4% over; one that had the value die with the reduction,
+computed again in its other readers as XLA compiles it, left the
+channels-first convnet where it was (the late sum not modelled) and the
+example convnet 3.4% over: neither kept.
 """
 
 from __future__ import annotations
