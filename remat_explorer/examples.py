@@ -89,11 +89,11 @@ class _Arrays:
         0, high, shape, dtype=np.int32))
 
   @staticmethod
-  def layer(stacked, i: int):
-    """Layer `i` of an array stacked along its leading axis."""
-    if isinstance(stacked, jax.ShapeDtypeStruct):
-      return jax.ShapeDtypeStruct(stacked.shape[1:], stacked.dtype)
-    return stacked[i]
+  def part(array, index):
+    """``array[index]``, of a drawn array or of its shape alike."""
+    if isinstance(array, jax.ShapeDtypeStruct):
+      return jax.eval_shape(lambda a: a[index], array)
+    return array[index]
 
   def placed(self, tree):
     """`tree` with its drawn arrays as JAX arrays (abstract ones as they are)."""
@@ -225,7 +225,7 @@ def _transformer_args(arrays: _Arrays, *, num_layers: int, d_model: int,
   blocks = _stacked_block_params(arrays, num_layers, d_model, d_ff)
   if not use_scan:
     # Slices of the stacked params, so both forms hold the same numbers.
-    blocks = [{k: arrays.layer(a, i) for k, a in blocks.items()}
+    blocks = [{k: arrays.part(a, i) for k, a in blocks.items()}
               for i in range(num_layers)]
   params = {
       'embed': arrays.normal((VOCAB_SIZE, d_model)),
@@ -235,10 +235,8 @@ def _transformer_args(arrays: _Arrays, *, num_layers: int, d_model: int,
       'unembed': arrays.normal((d_model, VOCAB_SIZE), fan_in=d_model),
   }
   tokens = arrays.integers((batch, seq_len + 1), VOCAB_SIZE)
-  if isinstance(tokens, jax.ShapeDtypeStruct):
-    window = jax.ShapeDtypeStruct((batch, seq_len), tokens.dtype)
-    return params, {'tokens': window, 'targets': window}
-  return params, {'tokens': tokens[:, :-1], 'targets': tokens[:, 1:]}
+  return params, {'tokens': arrays.part(tokens, np.s_[:, :-1]),
+                  'targets': arrays.part(tokens, np.s_[:, 1:])}
 
 
 def transformer(*, num_layers: int = 4, d_model: int = 128,
