@@ -97,7 +97,8 @@ class _Arrays:
 
   def placed(self, tree):
     """`tree` with its drawn arrays as JAX arrays (abstract ones as they are)."""
-    return tree if self._rng is None else jax.tree_util.tree_map(jnp.asarray, tree)
+    # A transfer: ``jnp.asarray`` would compile a copy for each shape.
+    return tree if self._rng is None else jax.device_put(tree)
 
 
 def _layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array) -> jax.Array:

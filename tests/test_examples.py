@@ -245,3 +245,42 @@ def test_default_sizes_compile():
     shape = lambda x: (x.shape, x.dtype)
     assert (jax.tree_util.tree_map(shape, compiled.out_info)
             == jax.tree_util.tree_map(shape, args[0])), name
+
+
+# Sizes no other test builds, so that no compile of an earlier test's,
+# cached, could hide one here.
+UNSHARED = {
+    'mlp': dict(num_layers=3, width=24, batch=5),
+    'transformer': dict(num_layers=2, d_model=24, num_heads=2, seq_len=9, batch=3),
+    'transformer_scan': dict(num_layers=2, d_model=24, num_heads=2, seq_len=9, batch=3,
+                             use_scan=True),
+    'convnet': dict(num_blocks=2, channels=5, image_size=9, batch=3, num_classes=4),
+}
+
+
+def test_drawing_the_arguments_compiles_nothing():
+  """The arguments are drawn on the host and transferred: building every
+  model, and the sharded transformer on a one-device mesh, starts no XLA
+  compile (a ``jax.random`` draw compiles one per model, ``jnp.asarray``
+  one per shape), and the abstract arguments are the drawn ones' shapes
+  and dtypes."""
+  build = lambda case, **kw: examples.build(case.removesuffix('_scan'), **UNSHARED[case], **kw)
+  compiles = []
+  def listener(event, seconds, **kwargs):
+    if event == '/jax/core/compile/backend_compile_duration':
+      compiles.append(event)
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    built = {case: build(case, seed=5)[1] for case in CASES}
+    mesh = examples.data_model_mesh(1, 1)
+    _, sharded = examples.sharded_transformer(mesh, **UNSHARED['transformer'], seed=5)
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+  assert compiles == []
+  shape = lambda x: (x.shape, x.dtype)
+  for case, args in built.items():
+    _, abstract = build(case, seed=5, abstract=True)
+    assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves(abstract))
+    assert jax.tree_util.tree_map(shape, abstract) == jax.tree_util.tree_map(shape, args), case
+  # The sharded transformer holds the unsharded one's numbers.
+  assert_trees_close(sharded, built['transformer'], rtol=0)
