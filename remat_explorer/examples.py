@@ -95,10 +95,15 @@ class _Arrays:
       return jax.eval_shape(lambda a: a[index], array)
     return array[index]
 
-  def placed(self, tree):
-    """`tree` with its drawn arrays as JAX arrays (abstract ones as they are)."""
-    # A transfer: ``jnp.asarray`` would compile a copy for each shape.
-    return tree if self._rng is None else jax.device_put(tree)
+  def placed(self, tree, shardings=None):
+    """`tree`'s drawn arrays as JAX arrays, on the default device or with
+    `shardings` (a tree of them); abstract ones carry the shardings."""
+    if self._rng is not None:  # a transfer: ``jnp.asarray`` compiles a copy
+      return jax.device_put(tree, shardings)
+    if shardings is None:
+      return tree
+    return jax.tree_util.tree_map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
 
 def _layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array) -> jax.Array:
@@ -433,18 +438,14 @@ def sharded_transformer(mesh: Mesh, *, num_layers: int = 2, d_model: int = 64,
   if abstract is None:
     from remat_explorer import engine
     abstract = engine.is_compile_only(mesh.devices.flat[0])
-  params, data = _drawn(
-      _transformer_args, seed, abstract, num_layers=num_layers,
-      d_model=d_model, seq_len=seq_len, batch=batch, d_ff=d_ff, use_scan=use_scan)
-  params_sharding = _param_shardings(mesh, params, use_scan, fsdp)
+  # Drawn, then placed on the mesh at once (one transfer).
+  arrays = _Arrays(seed, abstract)
+  params, data = _transformer_args(
+      arrays, num_layers=num_layers, d_model=d_model, seq_len=seq_len, batch=batch,
+      d_ff=d_ff, use_scan=use_scan)
+  params = arrays.placed(params, _param_shardings(mesh, params, use_scan, fsdp))
   data_sharding = NamedSharding(mesh, P('data', None))
-  if abstract:
-    place = lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
-    params = jax.tree_util.tree_map(place, params, params_sharding)
-    data = jax.tree_util.tree_map(lambda x: place(x, data_sharding), data)
-  else:
-    params = jax.device_put(params, params_sharding)
-    data = jax.device_put(data, data_sharding)
+  data = arrays.placed(data, jax.tree_util.tree_map(lambda _: data_sharding, data))
 
   def name(value: jax.Array, label: str) -> jax.Array:
     spec = NamedSharding(mesh, ACTIVATION_SPECS[label])
