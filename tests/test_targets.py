@@ -323,6 +323,46 @@ def test_a_search_budget_may_be_a_share_of_the_devices_memory():
     rx.search_policy(cpu_loss, *cpu_args, memory_budget='150%')
 
 
+def test_a_search_ranked_by_estimate_takes_a_budget_in_bytes_per_device():
+  """A sharded program's estimate is the whole program's (``num_devices``
+  says over how many devices), and a budget in bytes is per device. The
+  search ranked by estimate calibrates on the two built-ins it compiles
+  first: it takes a budget below the whole program's arguments, no
+  built-in that fits the budget, compiled, beats its answer, and the
+  candidates it did not compile are given per device. (Taken as they
+  were, the whole program's arguments put such a budget below what any
+  policy could fit, and it was refused.)"""
+  mesh = rx.target_mesh('h100:8')
+  seed = int(np.random.default_rng(41).integers(1000))
+  loss, (params, batch) = examples.mlp(num_layers=4, width=128, batch=8192, seed=seed,
+                                       abstract=True)
+  params, batch = _replicated(mesh, params), jax.tree_util.tree_map(
+      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, P('data'))),
+      batch)
+  cp = rx.checkpoint_policies
+  compiled = {label: rx.compile_costs(loss, params, batch, policy=policy) for label, policy in
+              (('no remat', rx.analysis.NO_REMAT), ('nothing_saveable', cp.nothing_saveable),
+               ('dots_with_no_batch_dims_saveable', cp.dots_with_no_batch_dims_saveable),
+               ('dots_saveable', cp.dots_saveable),
+               ('everything_saveable', cp.everything_saveable))}
+  estimate = rx.estimate_costs(loss, params, batch, policy=cp.nothing_saveable)
+  assert estimate.num_devices == compiled['nothing_saveable'].num_devices == 8
+  whole = estimate.argument_bytes + estimate.output_bytes
+  budget = (compiled['nothing_saveable'].peak_bytes
+            + compiled['everything_saveable'].peak_bytes) // 2
+  assert budget < whole, (budget, whole)
+  found = rx.search_policy(loss, params, batch, memory_budget=budget, rank_by_estimate=True)
+  assert found.fits and found.peak_bytes <= budget and found.compiles_used <= 3
+  beaten = [label for label, c in compiled.items()
+            if c.peak_bytes <= budget and c.executed_flops < found.flops]
+  assert not beaten, (found.label, found.flops, beaten)
+  estimated = [c for c in found.candidates if c.estimated and c.label in compiled]
+  assert estimated
+  for c in estimated:
+    assert abs(c.peak_bytes / compiled[c.label].peak_bytes - 1) < 0.1, (c, compiled[c.label])
+    assert abs(c.flops / compiled[c.label].executed_flops - 1) < 0.1, (c, compiled[c.label])
+
+
 # -- a quiet start ---------------------------------------------------------------
 
 def test_import_starts_no_backend_and_targets_start_quietly():

@@ -72,6 +72,10 @@ class CostEstimate:
   """The platform whose compiler the model follows (``backend.py``): that
   of the devices the arguments are placed on (a ``target_mesh``'s), else
   JAX's default device's."""
+  num_devices: int = 1
+  """The devices the program runs on (``compile_costs``' count). Above one,
+  every figure is still the whole program's: XLA decides how each value
+  is split only as it compiles."""
 
 
 _cache = ResultCache(max_entries=256)
@@ -113,23 +117,25 @@ def estimate_costs(f, *args, policy=None, lowering: str | None = None,
     return cached
   step = trace_step(problem, policy, lowering, donated)
   notes = step.notes
-  if any(len(getattr(getattr(x, 'sharding', None), 'device_set', ())) > 1
-         for x in problem.leaves):
+  placement = find_placement(problem.leaves, step.program)
+  num_devices = placement.num_devices if placement is not None else 1
+  if num_devices > 1:
     notes = (*notes, 'estimated for the whole program, not per device: the '
-             'arguments are spread over several devices')
-  platform = target_device(find_placement(problem.leaves, step.program)).platform
+             f'program runs on {num_devices} devices')
+  platform = target_device(placement).platform
   if platform == 'tpu':
     notes = (*notes, 'XLA:TPU fuses more than this model knows: on TPUs the '
              'estimate is far from the compiled peak, either way '
              '(bench/estimates.py --target)')
   estimate = _estimate(step.traced.jaxpr, donated, function=problem.name,
-                       policy=step.policy, notes=notes, start=start, platform=platform)
+                       policy=step.policy, notes=notes, start=start, platform=platform,
+                       num_devices=num_devices)
   _cache.put(key, estimate)
   return estimate
 
 
 def _estimate(closed: ClosedJaxpr, donated, *, function, policy, notes,
-              start, platform) -> CostEstimate:
+              start, platform, num_devices) -> CostEstimate:
   model_start = time.perf_counter()
   jaxpr = closed.jaxpr
   backend = backend_of(platform)
@@ -145,7 +151,8 @@ def _estimate(closed: ClosedJaxpr, donated, *, function, policy, notes,
       residual_bytes=residual_bytes(closed), argument_bytes=arguments,
       output_bytes=outputs, seconds=time.perf_counter() - start,
       model_seconds=time.perf_counter() - model_start,
-      function=function, policy=policy, notes=notes, platform=platform)
+      function=function, policy=policy, notes=notes, platform=platform,
+      num_devices=num_devices)
 
 
 def _donated_bytes(jaxpr, donated, stored_bytes) -> int:

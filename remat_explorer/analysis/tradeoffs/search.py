@@ -59,7 +59,10 @@ class Candidate:
   fits: bool
   estimated: bool = False
   """True when the figures are ``estimate_costs``' (``rank_by_estimate``:
-  a candidate not compiled), its fit the predicted one."""
+  a candidate not compiled), scaled by the mean ratio of the compiled
+  candidates' figures to their estimates (for a sharded program, so
+  brought from the whole program to one device), its fit the predicted
+  one."""
 
 
 @dataclass(frozen=True)
@@ -131,10 +134,11 @@ def search_policy(f, *args, memory_budget: int | float | str, argnums=0,
 
   `rank_by_estimate`: rank every candidate by ``estimate_costs`` (nothing
   compiled) and compile only the finalists: the built-ins a fractional
-  budget is measured between, then the candidates that may fit (their
-  estimated peak within the estimate's error of the budget), fewest
-  estimated FLOPs first, until one fits; the answer is compiled and fits,
-  but only the compiled candidates are sure not to beat it.
+  budget is measured between (and a sharded program's estimates, which
+  are the whole program's, calibrated on), then the candidates that may
+  fit (their estimated peak within the estimate's error of the budget),
+  fewest estimated FLOPs first, until one fits; the answer is compiled and
+  fits, but only the compiled candidates are sure not to beat it.
 
   Example:
     >>> import jax, jax.numpy as jnp
@@ -336,13 +340,17 @@ def _search_by_estimate(run: _Runner, names, policies, memory_budget) -> SearchR
   estimates = {label: run.estimate(label, policy)
                for label, policy in {**policies, **own}.items()}
   compiled = {}
-  if not isinstance(memory_budget, int):  # a fraction of the compiled span
+  nothing = estimates['nothing_saveable']
+  # A fraction or a share is measured on the two built-ins compiled. So is
+  # a sharded program's estimate, which is the whole program's where the
+  # budget is per device: their compiled peaks over their estimates bring
+  # the others to one device.
+  if not isinstance(memory_budget, int) or nothing.num_devices > 1:
     for label in ('nothing_saveable', 'everything_saveable'):
       run.say(0, None, f'compiling {label}')
       compiled[label] = run.evaluate(label, policies[label])
-  nothing = estimates['nothing_saveable']
-  budget = _resolve_budget(memory_budget, compiled,
-                           floor=nothing.argument_bytes + nothing.output_bytes)
+  budget = _resolve_budget(memory_budget, compiled, floor=None if compiled else
+                           nothing.argument_bytes + nothing.output_bytes)
   predict = _calibrated(estimates, compiled)
   base_report = run.report(policies['nothing_saveable'])
   units = greedy_units(run, base_report, names, lambda units: predict(
@@ -371,25 +379,37 @@ def _search_by_estimate(run: _Runner, names, policies, memory_budget) -> SearchR
   if best is None and 'nothing_saveable' not in compiled:  # the least memory
     compiled['nothing_saveable'] = run.evaluate('nothing_saveable',
                                                 policies['nothing_saveable'])
+  # The candidates not compiled, by the estimate calibrated on all that
+  # were: a sharded program's figures per device, as the compiled ones are.
+  predict = _calibrated(estimates, compiled)
+  predict_flops = _calibrated(estimates, compiled, flops=True)
   return run.best(budget, compiled, [
-      Candidate(label, e.peak_bytes, e.flops, fits=predict(e.peak_bytes) <= budget,
-                estimated=True)
+      Candidate(label, round(predict(e.peak_bytes)), predict_flops(e.flops),
+                fits=predict(e.peak_bytes) <= budget, estimated=True)
       for label, e in estimates.items() if label not in compiled])
 
 
-def _compiled_over_estimated(estimates, compiled) -> list[float]:
-  """The compiled peak over the estimated one, of each policy both estimated
-  and compiled."""
-  return [costs.peak_bytes / estimates[label].peak_bytes
-          for label, (costs, _) in compiled.items()
-          if label in estimates and not costs.failed and estimates[label].peak_bytes]
+def _compiled_over_estimated(estimates, compiled, flops: bool = False) -> list[float]:
+  """The compiled peak (`flops`: the executed FLOPs) over the estimated
+  one, of each policy both estimated and compiled."""
+  ratios = []
+  for label, (costs, report) in compiled.items():
+    estimate = estimates.get(label)
+    if estimate is None or costs.failed:
+      continue
+    measured, estimated = ((_executed(costs, report), estimate.flops) if flops
+                           else (costs.peak_bytes, estimate.peak_bytes))
+    if estimated:
+      ratios.append(measured / estimated)
+  return ratios
 
 
-def _calibrated(estimates, compiled) -> Callable[[int], float]:
-  """Compiled peak as a function of estimated peak: the estimate scaled by
-  the mean ratio of the compiled to the estimated peak (the estimate itself
-  where nothing is compiled yet)."""
-  ratios = _compiled_over_estimated(estimates, compiled)
+def _calibrated(estimates, compiled, flops: bool = False) -> Callable[[float], float]:
+  """Compiled peak (`flops`: executed FLOPs) as a function of the
+  estimated one: the estimate scaled by the mean ratio of the compiled to
+  the estimated figure (the estimate itself where nothing is compiled
+  yet)."""
+  ratios = _compiled_over_estimated(estimates, compiled, flops)
   ratio = float(np.mean(ratios)) if ratios else 1.0
   return lambda estimate: estimate * ratio
 
