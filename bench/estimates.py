@@ -27,7 +27,9 @@ follows the target's platform (``split/backend.py``).
 
 Then ``search_policy(rank_by_estimate=True)`` on the example transformer at
 a few budgets: the compiles it runs (target: at most 3) and its answer
-beside the search that compiles every candidate.
+beside the search that compiles every candidate. With a target of several
+devices (``--target h100:8``) the search's transformer is data parallel
+over all of them.
 
     .venv/bin/python bench/estimates.py [--no-frameworks] [--no-search] [--only griffin ...]
                                         [--target h100]
@@ -210,11 +212,26 @@ def bench_estimates(frameworks: bool, only=None, target=None) -> None:
 
 
 def bench_search(target=None) -> None:
+  """On a target of several devices (``h100:8``) the transformer is data
+  parallel over all of them, eight sequences each, and a budget in bytes
+  (the 0.5 budget's) is tried too: a sharded program's estimate is the
+  whole program's, and the budget per device."""
+  from remat_explorer import target_mesh
+  devices = target_mesh(target).size if target else 1
   print('search_policy on the example transformer, ranked by estimate vs every '
-        'candidate compiled' + (f' for {target}:' if target else ':'))
-  loss_fn, args = examples.transformer()
-  args = on_target(args, target)
-  for budget in (0.0, 0.5, 1.0):
+        'candidate compiled' + (f' for {target}' if target else '')
+        + (f', data parallel over {devices} devices:' if devices > 1 else ':'))
+  if devices > 1:
+    mesh = target_mesh(target, {'data': devices, 'model': 1})
+    loss_fn, args = examples.sharded_transformer(
+        mesh, num_layers=4, d_model=128, seq_len=64, batch=8 * devices)
+  else:
+    loss_fn, args = examples.transformer()
+    args = on_target(args, target)
+  half = None
+  for budget in (0.0, 0.5, 1.0, 'bytes'):
+    if budget == 'bytes':
+      budget = half
     found = {}
     for rank_by_estimate in (True, False):
       clear_caches()
@@ -223,7 +240,10 @@ def bench_search(target=None) -> None:
                              rank_by_estimate=rank_by_estimate)
       found[rank_by_estimate] = result, time.perf_counter() - start
     (quick, quick_s), (full, full_s) = found[True], found[False]
-    print(f'  budget {budget}: by estimate {quick.compiles_used} compiles, {quick_s:.1f} s, '
+    if budget == 0.5:
+      half = full.budget_bytes
+    shown = f'{budget / 2**20:.2f} MiB' if isinstance(budget, int) else budget
+    print(f'  budget {shown}: by estimate {quick.compiles_used} compiles, {quick_s:.1f} s, '
           f'{quick.label[:40]!r} peak {quick.peak_bytes / 2**20:.2f} MiB '
           f'(fits: {quick.peak_bytes <= quick.budget_bytes}) FLOPs {quick.flops / 1e9:.3f} G | '
           f'all compiled {full.compiles_used} compiles, {full_s:.1f} s, {full.label[:40]!r} '
