@@ -108,6 +108,12 @@ def _first_device(leaves: Sequence, meshes: list):
   return None
 
 
+def device_count(placement: Placement | None) -> int:
+  """The devices a program placed as `placement` runs on: 1 for an
+  ordinary one-device program."""
+  return 1 if placement is None else placement.num_devices
+
+
 def target_device(placement: Placement | None):
   """The device a program placed as `placement` is compiled for: its own,
   or JAX's default device."""

@@ -177,7 +177,7 @@ def _analyze(problem, policy, lowering) -> RematReport:
       names_in_program=tuple(sorted(names)),
       forward_jaxpr=forward_jaxpr,
       backward_jaxpr=backward_jaxpr,
-      num_devices=1 if placement is None else placement.num_devices,
+      num_devices=devices.device_count(placement),
       mesh_shape=None if placement is None else placement.mesh_shape,
       device_kind=devices.target_device(placement).device_kind,
       platform=devices.target_device(placement).platform,

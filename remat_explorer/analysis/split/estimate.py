@@ -21,7 +21,8 @@ from jax.extend.core import ClosedJaxpr, Var
 
 from remat_explorer.engine import in_backward_pass
 from remat_explorer.analysis.cache import ResultCache
-from remat_explorer.analysis.program.devices import find_placement, target_device
+from remat_explorer.analysis.program.devices import (device_count, find_placement,
+                                                     target_device)
 from remat_explorer.analysis.program.keywords import check_keywords, entry_point
 from remat_explorer.analysis.program.step import StepRequest, trace_step
 from remat_explorer.analysis.split.backend import backend_of
@@ -118,7 +119,7 @@ def estimate_costs(f, *args, policy=None, lowering: str | None = None,
   step = trace_step(problem, policy, lowering, donated)
   notes = step.notes
   placement = find_placement(problem.leaves, step.program)
-  num_devices = placement.num_devices if placement is not None else 1
+  num_devices = device_count(placement)
   if num_devices > 1:
     notes = (*notes, 'estimated for the whole program, not per device: the '
              f'program runs on {num_devices} devices')
