@@ -104,12 +104,52 @@ class LinenUnrolledModel(nn.Module):
     return jnp.mean(x ** 2)
 
 
+class LinenHeadsBlock(nn.Module):
+  """An attention-like block whose heads are weighed by ``jnp.einsum``
+  with a spec, which JAX adds to the name stack."""
+
+  @nn.compact
+  def __call__(self, x):
+    b, t, d = x.shape
+    q = nn.Dense(d, name='query')(x).reshape(b, t, 4, d // 4)
+    k = nn.Dense(d, name='key')(x).reshape(b, t, 4, d // 4)
+    weights = jax.nn.softmax(jnp.einsum('bqhd,bkhd->bhqk', q, k))
+    weights = jnp.einsum('...hqk,h->...hqk', weights, jnp.linspace(0.5, 1.5, 4))
+    mixed = jnp.einsum('bhqk,bkhd->bqhd', weights, q).reshape(b, t, d)
+    return x + nn.Dense(d, name='out')(jnp.tanh(mixed))
+
+
+class LinenLayerList(nn.Module):
+  """Layers made in ``setup`` as a list named by their index and run by a
+  loop, as Hugging Face's Flax models build theirs (``bert/encoder/layer/0``):
+  every layer's equations come from the same lines."""
+  depth: int = 3
+
+  def setup(self):
+    self.layers = [nn.remat(LinenHeadsBlock)(name=str(i)) for i in range(self.depth)]
+
+  def __call__(self, x):
+    for layer in self.layers:
+      x = layer(x)
+    return x
+
+
+class LinenLayerListModel(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return jnp.mean(LinenLayerList(name='encoder')(x) ** 2)
+
+
 def _linen_on_activations(model, batch, seq, width, seed):
   """A Linen model of activations, as ``(loss_fn, (params, x))``: x drawn
   from key `seed`, parameters from key `seed` + 1."""
   x = jax.random.normal(jax.random.key(seed), (batch, seq, width))
   params = model.init(jax.random.key(seed + 1), x)['params']
   return lambda params, x: model.apply({'params': params}, x), (params, x)
+
+
+def linen_layer_list(batch=4, seq=16, width=32):
+  return _linen_on_activations(LinenLayerListModel(), batch, seq, width, seed=9)
 
 
 def linen_unrolled(batch=4, seq=16, width=32):

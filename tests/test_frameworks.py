@@ -4,6 +4,8 @@ module paths it gave them, blocks named after the user's code, and the
 program's own policy ("as written") measuring what JAX and XLA measure for
 the unmodified model."""
 
+import re
+
 import equinox as eqx
 import jax
 import jax.ad_checkpoint
@@ -166,6 +168,28 @@ def test_unrolled_linen_blocks_are_at_their_modules_paths():
   saved = {r.module_path for r in report.residuals
            if r.kind == 'equation' and r.module_path.startswith('block')}
   assert saved and saved <= set(paths)
+
+
+def test_layers_of_one_loop_are_each_at_their_own_modules_path():
+  """Layers a loop runs (``for layer in self.layers``), made in ``setup``
+  and named by their index, as Hugging Face's Flax models do: every
+  layer's equations come from the same lines, which alone say only the
+  path the layers share (``encoder``). Each block, each residual it saves
+  and each buffer at the compiled peak is at its own layer's path
+  (``encoder/0``...), and a peak buffer of the backward pass names its
+  module once (not ``encoder/LinenLayerListModel/encoder/0``) and without
+  the spec ``jnp.einsum`` adds to the name stack."""
+  from remat_explorer.analysis import compile_costs, live_at_peak
+  loss_fn, args = framework_models.linen_layer_list()
+  report = analyze(loss_fn, *args)
+  assert [b.module_path for b in report.blocks] == ['encoder/0', 'encoder/1', 'encoder/2']
+  saved = {r.module_path.split('/')[1] for r in report.residuals
+           if r.kind == 'equation' and r.module_path.startswith('encoder/')}
+  assert saved == {'0', '1'}, saved  # the last layer's output is the loss's
+  live = live_at_peak(report, compile_costs(loss_fn, *args))
+  recomputed = {b.module_path for b in live if b.made_by == 'recompute'}
+  assert recomputed and all(re.fullmatch(r'encoder/\d(/\w+)?', p) for p in recomputed), recomputed
+  _check_module_paths(loss_fn, args)
 
 
 def test_haiku_library_modules_remated_in_a_lambda():

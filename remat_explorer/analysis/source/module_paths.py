@@ -15,7 +15,7 @@ from typing import Iterable, Sequence
 from jax.extend.core import Var
 
 from remat_explorer.analysis.source.origins import (Frame, call_body, clean_scope, frames_of,
-                                                    is_jax_file, is_method)
+                                                    is_jax_file, is_method, join_scopes)
 
 # Equations that only move or reshape a parameter: what they give is still
 # the parameter (a slice of a stacked one under scan, a cast, ...).
@@ -89,12 +89,27 @@ class ModulePaths:
   Built once from the program (before differentiation), it answers for any
   equation with the same traceback, such as the forward and backward
   copies differentiation makes of it.
+
+  A line a Python loop runs once per layer (``for layer in self.layers:
+  x = layer(x)``) has one traceback for every layer, equal but not the same
+  object: by equality it answers the path the layers share
+  (``encoder/layer``). Differentiation keeps an equation's traceback
+  object, so by identity it answers the layer's own (``encoder/layer/0``):
+  for an equation that reads parameters, their path; for one inside a body
+  (a remat block, a ``jit``) that does not, the path of the parameters the
+  body reads, where that is more precise than its line's.
   """
 
   def __init__(self, jaxpr, arg_names: Sequence[str]):
     self._by_call: dict[tuple, set[str]] = {}
     self._direct: dict[object, set[str]] = {}
     self._roots: set[str] = set()
+    # id(traceback) -> (traceback, paths), for the parameters an equation
+    # reads and for the body it runs in; the traceback kept alive, so that
+    # its id is not reused while this object answers.
+    self._reads: dict[int, tuple[object, set[str]]] = {}
+    self._within: dict[int, tuple[object, set[str]]] = {}
+    self._of_body: dict[int, tuple[object, set[str]]] = {}
     paths = {v: module_of_parameter(n) for v, n in zip(jaxpr.invars, arg_names)
              if n and module_of_parameter(n)}
     self._walk(jaxpr, paths)
@@ -106,15 +121,21 @@ class ModulePaths:
     for call, found in self._by_call.items():
       by_site.setdefault(call[-2:], set()).update(found)
     self._path_of_site = {k: _common_path(v) for k, v in by_site.items()}
+    self._place(jaxpr, '')
+    self._path_of_object = {k: (tb, _common_path(v))
+                            for k, (tb, v) in (*self._within.items(), *self._reads.items())}
 
-  def _walk(self, jaxpr, paths: dict) -> set[str]:
+  def _walk(self, jaxpr, paths: dict, scope: str = '') -> set[str]:
     """Record the module paths each equation reads; return all of them.
 
     JAX records, for an equation inside a body (``jit``, ``scan``, ...),
-    only the frames from the body's function down; so what a body reads
-    is also recorded for the method calls of the equation holding it."""
+    only the frames from the body's function down, and only the name
+    stack from the body down (`scope` is the one above it); so what a
+    body reads is also recorded for the method calls of the equation
+    holding it."""
     read_here: set[str] = set()
     for eqn in jaxpr.eqns:
+      here = join_scopes(scope, clean_scope(eqn.source_info.name_stack))
       read = {paths[v] for v in eqn.invars if isinstance(v, Var) and v in paths}
       if eqn.primitive.name in _VIEWS and len(read) == 1:
         paths.update((o, next(iter(read))) for o in eqn.outvars)
@@ -124,11 +145,14 @@ class ModulePaths:
       for body, body_inputs in subs:
         inner = {b: paths[o] for b, o in zip(body.invars, body_inputs)
                  if isinstance(o, Var) and o in paths}
-        inside |= self._walk(body, inner)
+        inside |= self._walk(body, inner, here)
       tb = eqn.source_info.traceback
       if read and not subs and tb is not None:
         self._direct.setdefault(tb, set()).add(_common_path(read))
-        self._note_root(clean_scope(eqn.source_info.name_stack), _common_path(read))
+        self._reads.setdefault(id(tb), (tb, set()))[1].add(_common_path(read))
+        self._note_root(here, _common_path(read))
+      for body, _ in subs:  # one body may be traced once and called for several layers
+        self._of_body.setdefault(id(body), (body, set()))[1].add(_common_path(inside))
       found = inside if subs else ({_common_path(read)} if read else set())
       if found and tb is not None:
         for call in _calls(frames_of(tb)):
@@ -136,12 +160,39 @@ class ModulePaths:
       read_here |= found
     return read_here
 
+  def _place(self, jaxpr, within: str) -> None:
+    """Give each equation inside a body that reads no parameters the path
+    of the parameters the body reads (`within`), where its line's path is
+    coarser: the loop's line above, not the layer's."""
+    for eqn in jaxpr.eqns:
+      tb = eqn.source_info.traceback
+      if within and tb is not None and id(tb) not in self._reads:
+        shared = self._shared_path(tb)
+        if not shared or within.startswith(shared + '/'):
+          self._within.setdefault(id(tb), (tb, set()))[1].add(within)
+      for body, _ in _sub_programs(eqn):
+        self._place(body, self.of_body(body) or within)
+
+  def of_body(self, body) -> str:
+    """The path of the parameters a body of the program (a remat block's)
+    reads: the path its calls share, where JAX traced it once for several
+    layers; '' for a body the program does not hold."""
+    known = self._of_body.get(id(body))
+    return _common_path(known[1]) if known is not None and known[0] is body else ''
+
   def of(self, eqn) -> str:
     """The module path of `eqn` (or of any equation with its traceback);
     '' when its parameters say nothing."""
     tb = eqn.source_info.traceback
     if tb is None:
       return ''
+    exact = self._path_of_object.get(id(tb))
+    if exact is not None and exact[0] is tb:
+      return exact[1]
+    return self._shared_path(tb)
+
+  def _shared_path(self, tb) -> str:
+    """The path of every equation with a traceback equal to `tb`."""
     if tb in self._path_of_line:
       return self._path_of_line[tb]
     for call in reversed(_calls(frames_of(tb))):
@@ -183,7 +234,10 @@ class ModulePaths:
     if found is None:
       found = next((self._path_of_site[key[-2:]] for key in reversed(_calls(frames))
                     if key[-2:] in self._path_of_site), None)
-    return found or self.of_scope(scope)
+    scoped = self.of_scope(scope)
+    # A line a loop runs for every layer answers the path they share; the
+    # name stack (Flax Linen's module names) may say which layer.
+    return scoped if not found or scoped.startswith(found + '/') else found
 
   def method_paths(self, frames: Sequence[Frame]) -> dict[int, str]:
     """For the frames of a call stack (outermost first), the module path of

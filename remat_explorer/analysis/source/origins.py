@@ -366,14 +366,25 @@ _WRAPPER = re.compile(r'^[A-Za-z_]\w*\((.*)\)$')
 
 def clean_scope(name_stack) -> str:
   """A name stack as a module path: JAX's transformation wrappers
-  (``jvp(...)``, ``transpose(...)``, ``vmap(...)``) and the recompute's
-  ``rematted_computation`` scope removed."""
-  parts = []
+  (``jvp(...)``, ``transpose(...)``, ``vmap(...)``), the recompute's
+  ``rematted_computation`` scope and ``jnp.einsum``'s (its spec,
+  ``...hqk,h->...hqk``) removed.
+
+  The backward pass of a remat block names the transposed call's scopes
+  and then the recompute's own, from the model's root again
+  (``transpose(jvp(Model))/encoder/jvp(Model)/encoder/checkpoint/...``):
+  where a wrapped root comes back, the path starts there."""
+  parts, roots = [], {}
   for part in _split_scopes(str(name_stack)):
+    wrapped = False
     while (m := _WRAPPER.match(part)) and _balanced(m.group(1)):
-      part = m.group(1)
+      part, wrapped = m.group(1), True
+    if wrapped and part in roots:
+      del parts[roots[part]:]
+    if wrapped:
+      roots.setdefault(part, len(parts))
     for inner in _split_scopes(part):
-      if inner and not is_engine_scope(inner):
+      if inner and not is_engine_scope(inner) and '->' not in inner:
         parts.append(inner)
   return '/'.join(parts)
 

@@ -425,6 +425,8 @@ def _common_module_path(body, paths) -> str:
   """The module path a block's equations share: from the parameters they
   read, else from their name stacks (Linen's modules, as a residual's
   ``module_path`` falls back to them)."""
+  if own := paths.of_body(body):
+    return own
   found = {p for eqn in body.eqns if (p := paths.of(eqn))}
   if not found:
     found = {p for eqn in body.eqns
