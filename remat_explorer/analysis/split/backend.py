@@ -131,6 +131,16 @@ read on:
   transformer 4.8-7.8% under its compiled peaks instead of within 3.5%:
   kept to the GPU.
 
+* **What a gather reads** (GPU). XLA:GPU fuses the elementwise work that
+  makes a gather's operand into the gather, which computes only the
+  elements it takes: the log-probabilities a language model's loss takes
+  at its targets (``take_along_axis`` of ``log_softmax``) are never a
+  buffer. XLA:CPU makes them (an estimate with this rule was 29% under
+  its compile of such a loss). Without it, Hugging Face's Flax BERT-base
+  (``transformers`` 4.46, 12 layers, 8 x 512 tokens, a 30,522-word
+  vocabulary) was estimated 2-30% over the compile-only H100's peaks
+  (``nothing_saveable`` 2,584 MiB against 1,993); with it, 1.9-5.7%.
+
 * **Tiles** (TPU). XLA:TPU stores an array in tiles: its minor dimension
   padded to a multiple of 128, its second-minor one to a multiple of 8
   (to 1, 2 or 4 where it is that small); a vector or a scalar in 128,
@@ -207,6 +217,7 @@ class Backend:
   merges_equal_values: bool
   writes_apart_from_barrier_reads: bool
   stores_in_tiles: bool
+  fuses_gather_operands: bool
 
   def stored_bytes(self, aval) -> int:
     """Bytes a value of abstract value `aval` takes on this platform."""
@@ -227,7 +238,8 @@ def backend_of(platform: str) -> Backend:
                  makes_cheap_barrier_reads_late=platform == 'gpu',
                  merges_equal_values=platform == 'gpu',
                  writes_apart_from_barrier_reads=platform == 'gpu',
-                 stores_in_tiles=platform == 'tpu')
+                 stores_in_tiles=platform == 'tpu',
+                 fuses_gather_operands=platform == 'gpu')
 
 
 GENERIC = backend_of('')

@@ -105,7 +105,10 @@ class _Scope:
       for r in op.roots:
         self.last_use[r] = i
         first_use.setdefault(r, i)
-        fused_reader[r] = fused_reader.get(r, True) and kind != 'materialising'
+        fuses = kind != 'materialising' or (
+            backend.fuses_gather_operands and op.name == 'gather' and op.reads[0] is not None
+            and root(op.reads[0], op.reads[0]) == r)
+        fused_reader[r] = fused_reader.get(r, True) and fuses
         if kind != 'materialising':
           last_fused_read[r] = i
         readers[r] = readers.get(r, 0) + 1
