@@ -29,6 +29,12 @@ def _check_never_dominated(loss_fn, args, budgets, **options):
     assert (same.peak_bytes, same.compiled_flops) == (result.peak_bytes, result.flops)
     fitting = [c for c in result.candidates if c.fits]
     assert all(result.flops <= c.flops for c in fitting)
+    # Ranked by estimate, the comparison's rows are compiled already, so
+    # candidates too: none of them beats that answer either.
+    by_estimate = search_policy(loss_fn, *args, memory_budget=budget, rank_by_estimate=True,
+                                **options)
+    beaten = [r.label for r in comparison.rows if not r.failed and _dominates(r, by_estimate)]
+    assert not beaten, (budget, by_estimate.label, beaten)
     # Where the program itself fits at the fewest FLOPs, that is the answer.
     own = [c for c in fitting if c.label in (AS_WRITTEN, NO_REMAT_LABEL)]
     if own and min(c.flops for c in own) == min(c.flops for c in fitting):

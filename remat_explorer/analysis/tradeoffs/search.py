@@ -33,8 +33,8 @@ from remat_explorer.analysis.policies.policy_source import policy_source
 from remat_explorer.analysis.tradeoffs.save_units import greedy_units, policy_of, user_sites
 from remat_explorer.analysis.tradeoffs.compare import COMPILES_AT_ONCE, builtin_policies
 from remat_explorer.analysis.tradeoffs.rows import AS_WRITTEN, AS_WRITTEN_NO_REMAT, NO_REMAT_LABEL
-from remat_explorer.analysis.xla.compiled import (PendingCosts, compile_costs,
-                                                  start_compile_costs)
+from remat_explorer.analysis.xla.compiled import (PendingCosts, cached_compile_costs,
+                                                  compile_costs, start_compile_costs)
 from remat_explorer.analysis.xla.costs import CompiledCosts
 from remat_explorer.analysis.split.estimate import CostEstimate, estimate_costs
 from remat_explorer.analysis.context import compiles_run
@@ -138,7 +138,9 @@ def search_policy(f, *args, memory_budget: int | float | str, argnums=0,
   are the whole program's, calibrated on), then the candidates that may
   fit (their estimated peak within the estimate's error of the budget),
   fewest estimated FLOPs first, until one fits; the answer is compiled and
-  fits, but only the compiled candidates are sure not to beat it.
+  fits, but only the compiled candidates are sure not to beat it. Those
+  include every candidate compiled before in the process (a ``compare``'s
+  rows), taken from the cache at no compile.
 
   Example:
     >>> import jax, jax.numpy as jnp
@@ -306,6 +308,18 @@ class _Runner:
       self._evaluated[label] = costs, self.report(policy)
     return self._evaluated[label]
 
+  def compiled_before(self, label, policy) -> tuple[CompiledCosts, RematReport] | None:
+    """``evaluate``'s answer where the compile is already in
+    ``compile_costs``' cache (a ``compare`` or a search before compiled
+    it), at no compile; None where it is not."""
+    if label not in self._evaluated:
+      costs = cached_compile_costs(self.f, *self.args, policy=policy, **self.options)
+      if costs is None:
+        return None
+      self.policies[label] = policy
+      self._evaluated[label] = costs, self.report(policy)
+    return self._evaluated[label]
+
   def estimate(self, label, policy) -> CostEstimate:
     self.policies.setdefault(label, policy)
     return estimate_costs(self.f, *self.args, policy=policy, **self.options)
@@ -379,6 +393,12 @@ def _search_by_estimate(run: _Runner, names, policies, memory_budget) -> SearchR
   if best is None and 'nothing_saveable' not in compiled:  # the least memory
     compiled['nothing_saveable'] = run.evaluate('nothing_saveable',
                                                 policies['nothing_saveable'])
+  # The candidates compiled before (a ``compare``'s rows) cost nothing to
+  # take in: no figure this process has compiled beats the answer.
+  for label in [label for label in estimates if label not in compiled]:
+    known = run.compiled_before(label, run.policies[label])
+    if known is not None:
+      compiled[label] = known
   # The candidates not compiled, by the estimate calibrated on all that
   # were: a sharded program's figures per device, as the compiled ones are.
   predict = _calibrated(estimates, compiled)

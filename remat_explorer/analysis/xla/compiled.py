@@ -167,6 +167,25 @@ class PendingCosts:
     return step.traced.lower().compile()
 
 
+def cached_compile_costs(f, *args, policy: PolicyChoice = None, lowering: str | None = None,
+                         argnums=0, has_aux: bool = False, whole_function: bool = False,
+                         donate_argnums=(), compiler_options: dict | None = None,
+                         **kwargs) -> CompiledCosts | None:
+  """What ``compile_costs`` gives for these arguments where it is in its
+  cache; None where it is not (nothing is traced or compiled to know)."""
+  request = StepRequest.make(f, args, kwargs, policy=policy, argnums=argnums,
+                             has_aux=has_aux, whole_function=whole_function,
+                             donate_argnums=donate_argnums, caller='compile_costs')
+  entry = _cache.get(request.problem.cache_key(request.policy, lowering, request.donate,
+                                               _options_key(compiler_options)))
+  return None if entry is None else entry[0]
+
+
+def _options_key(compiler_options: dict | None) -> tuple | None:
+  # No options (an analysis compile) differs from empty ones (a full one).
+  return None if compiler_options is None else tuple(sorted(compiler_options.items()))
+
+
 def _start(f, args, kwargs, *, policy, lowering, argnums, has_aux, whole_function,
            donate_argnums, compiler_options, for_running, executor) -> PendingCosts:
   request = StepRequest.make(f, args, kwargs, policy=policy, argnums=argnums,
@@ -174,9 +193,7 @@ def _start(f, args, kwargs, *, policy, lowering, argnums, has_aux, whole_functio
                              donate_argnums=donate_argnums, caller='compile_costs')
   problem, policy, donate, donated = (request.problem, request.policy, request.donate,
                                       request.donated)
-  # No options (an analysis compile) differs from empty ones (a full one).
-  options_key = (None if compiler_options is None
-                 else tuple(sorted(compiler_options.items())))
+  options_key = _options_key(compiler_options)
   key = problem.cache_key(policy, lowering, donate, options_key)
   entry = _cache.get(key)
   if entry is not None:
