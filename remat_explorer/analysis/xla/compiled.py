@@ -176,14 +176,17 @@ def cached_compile_costs(f, *args, policy: PolicyChoice = None, lowering: str | 
   request = StepRequest.make(f, args, kwargs, policy=policy, argnums=argnums,
                              has_aux=has_aux, whole_function=whole_function,
                              donate_argnums=donate_argnums, caller='compile_costs')
-  entry = _cache.get(request.problem.cache_key(request.policy, lowering, request.donate,
-                                               _options_key(compiler_options)))
+  entry = _cache.get(_cache_key(request, lowering, _options_key(compiler_options)))
   return None if entry is None else entry[0]
 
 
 def _options_key(compiler_options: dict | None) -> tuple | None:
   # No options (an analysis compile) differs from empty ones (a full one).
   return None if compiler_options is None else tuple(sorted(compiler_options.items()))
+
+
+def _cache_key(request: StepRequest, lowering, options_key) -> tuple:
+  return request.problem.cache_key(request.policy, lowering, request.donate, options_key)
 
 
 def _start(f, args, kwargs, *, policy, lowering, argnums, has_aux, whole_function,
@@ -194,7 +197,7 @@ def _start(f, args, kwargs, *, policy, lowering, argnums, has_aux, whole_functio
   problem, policy, donate, donated = (request.problem, request.policy, request.donate,
                                       request.donated)
   options_key = _options_key(compiler_options)
-  key = problem.cache_key(policy, lowering, donate, options_key)
+  key = _cache_key(request, lowering, options_key)
   entry = _cache.get(key)
   if entry is not None:
     return PendingCosts(key, request, lowering, entry=entry)
