@@ -4,9 +4,11 @@ For every example model (``remat_explorer/examples.py``, the transformer
 also under ``scan``), the transformer over 512 tokens, the convnet written
 channels-first, and the Flax /
 Equinox models of
-``tests/framework_models.py``, and recurrentgemma's own Griffin where it is
-installed (``pip install recurrentgemma``: an outside model as users install
-it, its inner recurrence unrolled), under no remat and every built-in policy
+``tests/framework_models.py``, and two outside models as users install
+them, where they are: recurrentgemma's own Griffin (``pip install
+recurrentgemma``, its inner recurrence unrolled) and Hugging Face's Flax
+BERT (``pip install 'transformers<5'``, its layers a list run by a loop),
+under no remat and every built-in policy
 (the model's own names policy included): the estimated peak against the
 compiled one (``CompiledCosts.peak_bytes``), the estimated FLOPs against the
 compiled program's executed FLOPs, and the estimate's time over the
@@ -73,12 +75,21 @@ def models(frameworks: bool):
     yield 'equinox', framework_models.equinox_transformer(), ()
     yield 'linen recurrent', framework_models.linen_recurrent(batch=8, seq=256, width=256,
                                                               depth=4), ()
-    try:  # an outside model, installed as a package: pip install recurrentgemma
-      import recurrentgemma  # noqa: F401
-    except ImportError:
-      print('(recurrentgemma is not installed: its Griffin is left out)')
-      return
-    yield 'griffin (recurrentgemma)', framework_models.griffin(), ()
+    # Outside models, installed as packages: pip install recurrentgemma
+    # 'transformers<5' (each left out where it is not installed).
+    if _installed('recurrentgemma', 'its Griffin'):
+      yield 'griffin (recurrentgemma)', framework_models.griffin(), ()
+    if _installed('transformers', 'its Flax BERT'):
+      yield 'bert (transformers)', framework_models.hf_bert(), ()
+
+
+def _installed(package: str, what: str) -> bool:
+  try:
+    __import__(package)
+  except ImportError:
+    print(f'({package} is not installed: {what} is left out)')
+    return False
+  return True
 
 
 def main() -> None:

@@ -248,6 +248,29 @@ def griffin(blocks=3, width=64, remat=True):
   return loss_fn, (params, tokens)
 
 
+# Hugging Face's Flax BERT, installed from PyPI (the benches only): its layers
+# a list run by a loop, each ``nn.remat``ed (``enable_gradient_checkpointing``).
+
+def hf_bert(layers=4, width=256, batch=8, seq=256, vocab=8192):
+  """``transformers``' ``FlaxBertForMaskedLM`` (``pip install
+  'transformers<5'``, whose Flax models 4.x ships; not a test dependency),
+  its layers remat'ed as the library does it, with a masked-LM loss over
+  every token."""
+  from transformers import BertConfig, FlaxBertForMaskedLM
+  config = BertConfig(num_hidden_layers=layers, hidden_size=width, num_attention_heads=4,
+                      intermediate_size=4 * width, max_position_embeddings=seq,
+                      vocab_size=vocab)
+  model = FlaxBertForMaskedLM(config, seed=11, dtype=jnp.float32)
+  model.enable_gradient_checkpointing()
+  tokens = jax.random.randint(jax.random.key(12), (batch, seq), 0, vocab)
+
+  def loss_fn(params, tokens):
+    logits = model(tokens, params=params, train=False).logits
+    logp = jax.nn.log_softmax(logits)
+    return -jnp.mean(jnp.take_along_axis(logp, tokens[..., None], -1))
+  return loss_fn, (model.params, tokens)
+
+
 # -- Flax NNX -----------------------------------------------------------------------
 
 class Attention(nnx.Module):
