@@ -301,11 +301,9 @@ class _Runner:
 
   def evaluate(self, label, policy) -> tuple[CompiledCosts, RematReport]:
     if label not in self._evaluated:
-      self.policies[label] = policy
       started = self._started.pop(label, None)
-      costs = (started.result() if started is not None else
-               compile_costs(self.f, *self.args, policy=policy, **self.options))
-      self._evaluated[label] = costs, self.report(policy)
+      self._keep(label, policy, started.result() if started is not None else
+                 compile_costs(self.f, *self.args, policy=policy, **self.options))
     return self._evaluated[label]
 
   def compiled_before(self, label, policy) -> tuple[CompiledCosts, RematReport] | None:
@@ -316,9 +314,12 @@ class _Runner:
       costs = cached_compile_costs(self.f, *self.args, policy=policy, **self.options)
       if costs is None:
         return None
-      self.policies[label] = policy
-      self._evaluated[label] = costs, self.report(policy)
+      self._keep(label, policy, costs)
     return self._evaluated[label]
+
+  def _keep(self, label, policy, costs: CompiledCosts) -> None:
+    self.policies[label] = policy
+    self._evaluated[label] = costs, self.report(policy)
 
   def estimate(self, label, policy) -> CostEstimate:
     self.policies.setdefault(label, policy)
