@@ -81,3 +81,34 @@ def test_a_row_whose_policy_names_nothing_in_the_program_says_so():
   assert not [w for w in spelt.warnings if 'do not occur' in w]
   # What the row saves is what saving nothing saves: the warning is why.
   assert typo.residual_bytes < spelt.residual_bytes
+
+
+def _loss_xla_cannot_compile(w, x):
+  """A step XLA refuses under every policy: its forward pass calls a
+  kernel no handler is registered for (the program lowers; the compile
+  fails)."""
+  bias = jax.ffi.ffi_call('remat_explorer_unregistered_kernel',
+                          jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+  return _loss(w, x + bias)
+
+
+@pytest.mark.parametrize('memory_budget, rank_by_estimate',
+                         [(0.5, False), (1 << 20, False), (1 << 20, True)],
+                         ids=['fraction', 'bytes', 'bytes, by estimate'])
+def test_a_search_where_xla_compiles_nothing_says_xlas_reason(memory_budget, rank_by_estimate):
+  """No candidate compiled is no answer: the search says so with XLA's
+  first line, rather than failing on a missing peak (a fraction) or
+  answering that nothing fits with a peak of "—" (bytes). Ranked by
+  estimate, it compiles finalists, then the least memory, and says the same."""
+  args = _args(4)
+  with pytest.raises(RuntimeError) as info:
+    rx.search_policy(_loss_xla_cannot_compile, *args, memory_budget=memory_budget,
+                     rank_by_estimate=rank_by_estimate)
+  message = str(info.value)
+  assert 'remat_explorer_unregistered_kernel' in message and '\n' not in message
+  assert ('fraction' in message) == isinstance(memory_budget, float)
+  assert 'pass bytes' not in message  # bytes would not compile either
+  # The comparison keeps each row, failed, with the same reason.
+  rows = compare(_loss_xla_cannot_compile, *args, policies=['nothing_saveable']).rows
+  assert rows and all(r.failed and 'remat_explorer_unregistered_kernel' in r.costs.error
+                      for r in rows)

@@ -445,6 +445,29 @@ def test_a_step_that_does_not_fit_the_target_is_refused_not_fatal():
   assert ('everything_saveable', False) in [(c.label, c.fits) for c in found.candidates]
 
 
+def test_a_search_where_xla_refuses_every_candidate_for_memory_says_so():
+  """Weights whose gradients alone exceed a v5e chip's 16 GiB: XLA:TPU
+  refuses every candidate. Nothing fits, and the answer says why in XLA's
+  words, rather than quoting a peak that no compile gave; the Pareto chart
+  draws the budget without a searched point. A fraction of the way between
+  two built-ins XLA refused has no size: an error says to pass bytes or a
+  share instead."""
+  from remat_explorer import viz
+  mesh = rx.target_mesh('v5e:2x2')
+  w, x = _stack(mesh, layers=8, seq=8, width=16384, seed=1)
+  loss = _loss(rx.checkpoint_policies.nothing_saveable)
+  found = rx.search_policy(loss, w, x, memory_budget='90%')
+  assert not found.fits and found.peak_bytes is None
+  assert found.candidates and not any(c.fits for c in found.candidates)
+  assert 'refused every candidate' in found.explanation
+  assert 'Ran out of memory' in found.explanation and '\n' not in found.explanation
+  table = rx.compare(loss, w, x, policies=['nothing_saveable'], include_no_remat=False,
+                     suggest_lowering=False)
+  viz.plot_pareto(table, search_result=found)
+  with pytest.raises(RuntimeError, match='pass bytes'):
+    rx.search_policy(loss, w, x, memory_budget=0.5)
+
+
 def test_a_concrete_array_beside_a_targets_arguments_goes_to_the_target():
   """An array made on this machine (uncommitted, as ``jax.random`` makes
   it) beside shapes sharded over a target mesh: jit moves it to the

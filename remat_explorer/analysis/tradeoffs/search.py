@@ -83,9 +83,11 @@ class SearchResult:
   label: str
   """At most 80 characters."""
   budget_bytes: int
-  peak_bytes: int
+  peak_bytes: int | None
   """Compiled peak of the chosen policy (verified, not predicted); per
-  device for a sharded program."""
+  device for a sharded program. None only where XLA refused every
+  candidate for the device's memory (``fits`` is then False and
+  ``explanation`` gives XLA's words)."""
   flops: float
   """Forward + backward FLOPs the chosen policy's compiled program executes
   (per device), loops counted: what the search ranks by."""
@@ -141,6 +143,12 @@ def search_policy(f, *args, memory_budget: int | float | str, argnums=0,
   fits, but only the compiled candidates are sure not to beat it. Those
   include every candidate compiled before in the process (a ``compare``'s
   rows), taken from the cache at no compile.
+
+  A candidate XLA does not compile is one that does not fit. Where XLA
+  compiles none of them (or, for a fractional budget, not the two
+  built-ins it is measured between) for a reason other than the device's
+  memory, there is no answer, and a ``RuntimeError`` gives XLA's first
+  line.
 
   Example:
     >>> import jax, jax.numpy as jnp
@@ -257,9 +265,41 @@ def _resolve_budget(memory_budget, builtins, floor=None) -> int:
           f'memory of {costs.device_kind!r} ({costs.platform}) is not known; pass '
           'bytes, or compile for a GPU or TPU (target_mesh).')
     return int(_device_share(memory_budget) * costs.device_memory_bytes)
+  ends = [label for label in ('nothing_saveable', 'everything_saveable')
+          if builtins[label][0].failed]
+  if ends:
+    costs = builtins[ends[0]][0]
+    what = ('refused it for the device\'s memory; pass bytes (an int) or a share of '
+            'the device\'s memory ("90%") instead' if _refused_for_memory(costs)
+            else 'failed on it')
+    raise NothingCompiled(
+        f'memory_budget={memory_budget} is a fraction of the way from nothing_saveable\'s '
+        f'compiled peak to everything_saveable\'s, and XLA {what}. On {ends[0]}: '
+        f'{_reason(costs)}')
   low = builtins['nothing_saveable'][0].peak_bytes
   high = builtins['everything_saveable'][0].peak_bytes
   return int(low + memory_budget * (high - low))
+
+
+class NothingCompiled(RuntimeError):
+  """``search_policy`` has no answer: XLA compiled none of its candidates
+  (or not the built-ins a fractional budget is measured between), for a
+  reason other than memory. The message is XLA's first line."""
+
+
+def _reason(costs: CompiledCosts) -> str:
+  """The first line of XLA's message on a failed compile."""
+  lines = [line for line in (costs.error or '').splitlines() if line.strip()]
+  return (lines[0] + (' …' if len(lines) > 1 else '')) if lines else 'no message.'
+
+
+_MEMORY_REFUSALS = ('RESOURCE_EXHAUSTED', 'Ran out of memory')
+"""What XLA's message on a program refused for the device's memory holds
+(XLA:TPU's compile; compile-only GPUs give figures and refuse nothing)."""
+
+
+def _refused_for_memory(costs: CompiledCosts) -> bool:
+  return any(mark in (costs.error or '') for mark in _MEMORY_REFUSALS)
 
 
 class _Runner:
@@ -333,6 +373,13 @@ class _Runner:
                   fits=not c.failed and c.peak_bytes <= budget)
         for label, (c, r) in evaluated.items())
     fitting = [c for c in candidates if c.fits]
+    failures = [(label, c) for label, (c, _) in evaluated.items() if c.failed]
+    if len(failures) == len(evaluated) and not all(
+        _refused_for_memory(c) for _, c in failures):
+      label, costs = next((f for f in failures if not _refused_for_memory(f[1])))
+      raise NothingCompiled(
+          f'XLA compiled none of the {len(failures)} candidates for '
+          f'{costs.device_kind}, so no policy can be chosen; on {label}: {_reason(costs)}')
     compiled, candidates = candidates, candidates + tuple(estimated)
     # Fewest FLOPs, then the lowest peak: nothing that fits is better on
     # both, and nothing that does not fit has a lower peak. On a tie the
@@ -344,7 +391,8 @@ class _Runner:
     return SearchResult(
         policy=policy, label=chosen.label[:80], budget_bytes=budget,
         peak_bytes=costs.peak_bytes, flops=chosen.flops, fits=bool(fitting),
-        explanation=_explain(chosen, policy, budget, candidates, bool(fitting)),
+        explanation=_explain(chosen, policy, budget, candidates, bool(fitting),
+                             refusal=_reason(costs) if costs.failed else ''),
         compiles_used=compiles_run() - self.compiles_before,
         candidates=candidates, costs=costs, report=report)
 
@@ -458,7 +506,11 @@ def _executed(costs: CompiledCosts, report: RematReport) -> float:
   return costs.executed_flops if costs.executed_flops is not None else report.total_flops
 
 
-def _explain(chosen: Candidate, policy, budget, candidates, fits) -> str:
+def _explain(chosen: Candidate, policy, budget, candidates, fits, refusal='') -> str:
+  if not fits and chosen.peak_bytes is None:  # every compile refused for memory
+    return (f'Nothing fits {format_bytes(budget)}: XLA refused every candidate it '
+            f'compiled for the device\'s memory; on {chosen.label}: {refusal} Make '
+            'the step smaller (batch, sequence, sharding).')
   if not fits:
     return (f'Nothing fits {format_bytes(budget)}: the smallest compiled peak, '
             f'{chosen.label}\'s, is {format_bytes(chosen.peak_bytes)}. Raise the '

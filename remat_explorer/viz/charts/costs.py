@@ -212,7 +212,9 @@ def plot_pareto(comparison: Comparison, *, selected: str | None = None,
   points = pareto_points(comparison)
   fig = new_figure(figsize=(MAX_WIDTH_INCHES, 5))
   ax = fig.add_subplot()
-  extra = [] if search_result is None else [(search_result.peak_bytes, search_result.flops)]
+  # A search whose every candidate XLA refused for memory has no point.
+  searched = search_result is not None and search_result.peak_bytes is not None
+  extra = [(search_result.peak_bytes, search_result.flops)] if searched else []
   mem_scale = byte_unit(max([p[1] for p in points] + [m for m, _ in extra], default=1))
   flop_scale = flop_unit(max([p[2] for p in points] + [f for _, f in extra], default=1))
   for label, peak, flops, on_front in points:
@@ -226,10 +228,11 @@ def plot_pareto(comparison: Comparison, *, selected: str | None = None,
     xs, ys = zip(*front)
     ax.step(np.array(xs) / mem_scale, np.array(ys) / flop_scale, where='post',
             color=FRONT_COLOR, linestyle='--', zorder=2, label='Pareto front')
-  if search_result is not None:
+  if searched:
     ax.scatter([search_result.peak_bytes / mem_scale], [search_result.flops / flop_scale],
                marker='*', s=260, color='#ff7f0e', edgecolors='black', zorder=5,
                label=f'searched: {short_label(search_result.label)}')
+  if search_result is not None:
     ax.axvline(search_result.budget_bytes / mem_scale, color='#ff7f0e', linestyle=':',
                label=f'budget {format_bytes(search_result.budget_bytes)}')
   _device_memory_line(ax, comparison.device_memory_bytes, mem_scale,
