@@ -7,7 +7,8 @@ Equinox models of
 ``tests/framework_models.py``, and two outside models as users install
 them, where they are: recurrentgemma's own Griffin (``pip install
 recurrentgemma``, its inner recurrence unrolled) and Hugging Face's Flax
-BERT (``pip install 'transformers<5'``, its layers a list run by a loop),
+BERT and Flax Whisper (``pip install 'transformers<5'``, their layers a list run by a
+loop; Whisper's encoder starts with convolutions),
 under no remat and every built-in policy
 (the model's own names policy included): the estimated peak against the
 compiled one (``CompiledCosts.peak_bytes``), the estimated FLOPs against the
@@ -81,6 +82,7 @@ def models(frameworks: bool):
       yield 'griffin (recurrentgemma)', framework_models.griffin(), ()
     if _installed('transformers', 'its Flax BERT'):
       yield 'bert (transformers)', framework_models.hf_bert(), ()
+      yield 'whisper (transformers)', framework_models.hf_whisper(), ()
 
 
 def _installed(package: str, what: str) -> bool:
@@ -152,12 +154,14 @@ def bench_estimates(frameworks: bool, only=None, target=None) -> None:
   peak_errors, flops_errors, time_ratios, added_ratios = [], [], [], []
   outside_errors, peaks = [], {}
   collections, collected = FullCollections(), []
+  matched = False
   print(f'{"model":<24} {"policy":<36} {"peak est/compiled":>24} {"error":>8} '
         f'{"FLOPs error":>11} {"time (of compile)":>18} {"added":>7}')
   for name, (loss_fn, args), names in models(frameworks):
     if only and not any(name.startswith(start) for start in only):
       continue
     args = on_target(args, target)
+    matched = True
     for label, policy in {'no remat': NO_REMAT, **builtin_policies(names)}.items():
       clear_caches()
       estimate = estimate_costs(loss_fn, *args, policy=policy)
@@ -169,6 +173,10 @@ def bench_estimates(frameworks: bool, only=None, target=None) -> None:
       # would have traced it too.
       trace_seconds = estimate.seconds - estimate.model_seconds
       compile_seconds = time.perf_counter() - start + trace_seconds
+      if costs.failed:  # XLA's own failure: nothing to measure against
+        reason = (costs.error or '').splitlines()[0][:90]
+        print(f'{name:<24} {label[:36]:<36} XLA did not compile it: {reason}')
+        continue
       peak_error = estimate.peak_bytes / costs.peak_bytes - 1
       flops_error = (estimate.flops / costs.executed_flops - 1
                      if costs.executed_flops else None)
@@ -187,8 +195,9 @@ def bench_estimates(frameworks: bool, only=None, target=None) -> None:
             f'{peak_error:+8.2%} '
             + (f'{flops_error:+11.2%} ' if flops_error is not None else f'{"n/a":>11} ')
             + f'{estimate.seconds * 1e3:5.0f} ms {ratio:6.1%} {added:6.2%}')
-  if not peaks:
+  if not matched:
     print(f'no model matched --only {" ".join(only)}')
+  if not peaks:
     return
   for which, errors, targets in (('example models', peak_errors, True),
                                  ('the others', outside_errors, False)):

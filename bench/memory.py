@@ -6,7 +6,10 @@ blocks ``nn.remat``ed and unrolled, each a gated linear recurrence under an
 unrolled inner scan; ``tests/framework_models.linen_recurrent``), and
 recurrentgemma's own Griffin installed from PyPI (``--models griffin``, after
 ``pip install recurrentgemma``: its blocks cycle recurrent, recurrent,
-attention; its RG-LRU scan is unrolled 128 steps at a time), it
+attention; its RG-LRU scan is unrolled 128 steps at a time), and Hugging
+Face's Flax Whisper (``--models whisper``, after ``pip install
+'transformers<5'``: an encoder-decoder over 1,500 log-mel frames, its
+layers remat'ed by ``enable_gradient_checkpointing``), it
 runs in one process ``compare`` of every built-in policy, the program as
 written and no remat, and in a process of its own the same training steps
 compiled by hand one at a time (``jax.jit(jax.value_and_grad(f))`` with
@@ -40,27 +43,39 @@ from bench.process_memory import peak_rss_mib  # noqa: E402
 from remat_explorer import examples, viz  # noqa: E402
 from remat_explorer.analysis import builtin_policies  # noqa: E402
 
-MODELS = ('unrolled', 'scanned', 'recurrent')  # griffin too, when installed
+MODELS = ('unrolled', 'scanned', 'recurrent')  # griffin and whisper too, when installed
 
 
 @contextlib.contextmanager
-def _remat_given(policy):
-  """Flax's ``nn.remat`` with ``policy``, for models that take none, as
-  recurrentgemma's Griffin: its blocks are ``nn.remat(block,
-  static_argnums=4)``, so by hand a policy is given as a user would, by
-  replacing Flax's ``nn.remat`` while the step is traced."""
-  from flax import linen as nn
-  remat = nn.remat
-  nn.remat = functools.partial(remat, policy=policy) if policy is not None else remat
+def _remat_given(model: str, policy):
+  """Flax's remat with ``policy``, for outside models that take none, as a
+  user would give one: by replacing the remat the model's module calls
+  while the step is traced. recurrentgemma's Griffin calls ``nn.remat(block,
+  static_argnums=4)``; Hugging Face's Flax Whisper the ``remat`` it took
+  from ``flax.linen.partitioning``."""
+  if model == 'griffin':
+    from flax import linen as owner
+    name = 'remat'
+  elif model == 'whisper':
+    from transformers.models.whisper import modeling_flax_whisper as owner
+    name = 'remat'
+  else:
+    yield
+    return
+  remat = getattr(owner, name)
+  if policy is not None:
+    setattr(owner, name, functools.partial(remat, policy=policy))
   try:
     yield
   finally:
-    nn.remat = remat
+    setattr(owner, name, remat)
 
 
 def _problem(model: str, layers: int, width: int, policy=None, remat=True):
   if model == 'griffin':
     return framework_models.griffin(layers, width, remat)  # its policy: _remat_given
+  if model == 'whisper':
+    return framework_models.hf_whisper(layers, width, remat=remat)  # likewise
   if model == 'recurrent':
     return framework_models.linen_recurrent(batch=8, seq=256, width=width, depth=layers,
                                             remat=remat, policy=policy)
@@ -77,7 +92,7 @@ def by_hand(model: str, layers: int, width: int, names: list[str]) -> dict:
   start = time.perf_counter()
   for options in programs.values():
     loss_fn, args = _problem(model, layers, width, **options)
-    with _remat_given(options.get('policy') if model == 'griffin' else None):
+    with _remat_given(model, options.get('policy')):
       lowered = jax.jit(jax.value_and_grad(loss_fn)).lower(*args)
     lowered.compile().memory_analysis()
   return {'seconds': time.perf_counter() - start, 'rss_mib': peak_rss_mib(),

@@ -271,6 +271,38 @@ def hf_bert(layers=4, width=256, batch=8, seq=256, vocab=8192):
   return loss_fn, (model.params, tokens)
 
 
+def hf_whisper(layers=4, width=256, batch=2, frames=1500, target_len=128, vocab=8192,
+               remat=True):
+  """``transformers``' ``FlaxWhisperForConditionalGeneration`` (installed as
+  for ``hf_bert``): an encoder-decoder whose encoder starts with two
+  convolutions over log-mel frames, its layers remat'ed by
+  ``enable_gradient_checkpointing`` (unless not `remat`), with a next-token loss over the
+  decoder's tokens. Its weights are abstract (``_do_init=False``, their
+  shapes from ``jax.eval_shape``): compiling needs no more."""
+  from transformers import WhisperConfig, FlaxWhisperForConditionalGeneration
+  config = WhisperConfig(vocab_size=vocab, d_model=width, encoder_layers=layers,
+                         decoder_layers=layers, encoder_attention_heads=8,
+                         decoder_attention_heads=8, encoder_ffn_dim=4 * width,
+                         decoder_ffn_dim=4 * width, num_mel_bins=80,
+                         max_source_positions=frames // 2, max_target_positions=target_len)
+  model = FlaxWhisperForConditionalGeneration(config, seed=13, dtype=jnp.float32,
+                                              _do_init=False, input_shape=(1, 80, frames))
+  if remat:
+    model.enable_gradient_checkpointing()
+  params = jax.eval_shape(lambda key: model.init_weights(key, (1, 80, frames)),
+                          jax.random.key(13))
+  rng = np.random.default_rng(14)
+  batch_ = (jnp.asarray(rng.standard_normal((batch, 80, frames)), jnp.float32),
+            jnp.asarray(rng.integers(0, vocab, (batch, target_len)), jnp.int32))
+
+  def loss_fn(params, batch):
+    mel, ids = batch
+    logits = model(mel, decoder_input_ids=ids, params=params, train=True).logits
+    logp = jax.nn.log_softmax(logits[:, :-1])
+    return -jnp.mean(jnp.take_along_axis(logp, ids[:, 1:, None], -1))
+  return loss_fn, (params, batch_)
+
+
 # -- Flax NNX -----------------------------------------------------------------------
 
 class Attention(nnx.Module):
