@@ -174,8 +174,7 @@ def bench_estimates(frameworks: bool, only=None, target=None) -> None:
       trace_seconds = estimate.seconds - estimate.model_seconds
       compile_seconds = time.perf_counter() - start + trace_seconds
       if costs.failed:  # XLA's own failure: nothing to measure against
-        reason = (costs.error or '').splitlines()[0][:90]
-        print(f'{name:<24} {label[:36]:<36} XLA did not compile it: {reason}')
+        print(f'{name:<24} {label[:36]:<36} XLA did not compile it: {costs.error_line[:90]}')
         continue
       peak_error = estimate.peak_bytes / costs.peak_bytes - 1
       flops_error = (estimate.flops / costs.executed_flops - 1

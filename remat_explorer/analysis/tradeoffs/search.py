@@ -270,12 +270,12 @@ def _resolve_budget(memory_budget, builtins, floor=None) -> int:
   if ends:
     costs = builtins[ends[0]][0]
     what = ('refused it for the device\'s memory; pass bytes (an int) or a share of '
-            'the device\'s memory ("90%") instead' if _refused_for_memory(costs)
+            'the device\'s memory ("90%") instead' if costs.refused_for_memory
             else 'failed on it')
     raise NothingCompiled(
         f'memory_budget={memory_budget} is a fraction of the way from nothing_saveable\'s '
         f'compiled peak to everything_saveable\'s, and XLA {what}. On {ends[0]}: '
-        f'{_reason(costs)}')
+        f'{costs.error_line}')
   low = builtins['nothing_saveable'][0].peak_bytes
   high = builtins['everything_saveable'][0].peak_bytes
   return int(low + memory_budget * (high - low))
@@ -285,21 +285,6 @@ class NothingCompiled(RuntimeError):
   """``search_policy`` has no answer: XLA compiled none of its candidates
   (or not the built-ins a fractional budget is measured between), for a
   reason other than memory. The message is XLA's first line."""
-
-
-def _reason(costs: CompiledCosts) -> str:
-  """The first line of XLA's message on a failed compile."""
-  lines = [line for line in (costs.error or '').splitlines() if line.strip()]
-  return (lines[0] + (' …' if len(lines) > 1 else '')) if lines else 'no message.'
-
-
-_MEMORY_REFUSALS = ('RESOURCE_EXHAUSTED', 'Ran out of memory')
-"""What XLA's message on a program refused for the device's memory holds
-(XLA:TPU's compile; compile-only GPUs give figures and refuse nothing)."""
-
-
-def _refused_for_memory(costs: CompiledCosts) -> bool:
-  return any(mark in (costs.error or '') for mark in _MEMORY_REFUSALS)
 
 
 class _Runner:
@@ -375,11 +360,11 @@ class _Runner:
     fitting = [c for c in candidates if c.fits]
     failures = [(label, c) for label, (c, _) in evaluated.items() if c.failed]
     if len(failures) == len(evaluated) and not all(
-        _refused_for_memory(c) for _, c in failures):
-      label, costs = next((f for f in failures if not _refused_for_memory(f[1])))
+        c.refused_for_memory for _, c in failures):
+      label, costs = next(f for f in failures if not f[1].refused_for_memory)
       raise NothingCompiled(
           f'XLA compiled none of the {len(failures)} candidates for '
-          f'{costs.device_kind}, so no policy can be chosen; on {label}: {_reason(costs)}')
+          f'{costs.device_kind}, so no policy can be chosen; on {label}: {costs.error_line}')
     compiled, candidates = candidates, candidates + tuple(estimated)
     # Fewest FLOPs, then the lowest peak: nothing that fits is better on
     # both, and nothing that does not fit has a lower peak. On a tie the
@@ -392,7 +377,7 @@ class _Runner:
         policy=policy, label=chosen.label[:80], budget_bytes=budget,
         peak_bytes=costs.peak_bytes, flops=chosen.flops, fits=bool(fitting),
         explanation=_explain(chosen, policy, budget, candidates, bool(fitting),
-                             refusal=_reason(costs) if costs.failed else ''),
+                             refusal=costs.error_line or ''),
         compiles_used=compiles_run() - self.compiles_before,
         candidates=candidates, costs=costs, report=report)
 

@@ -14,6 +14,10 @@ from remat_explorer.analysis.xla.collectives import count as count_collectives
 from remat_explorer.analysis.xla.timeline import MemoryTimeline
 
 
+_MEMORY_REFUSALS = ('RESOURCE_EXHAUSTED', 'Ran out of memory')
+"""What XLA's message on a step refused for the device's memory holds."""
+
+
 @dataclass(frozen=True)
 class CompiledCosts:
   """XLA's own figures for one compiled training step (outputs and
@@ -171,6 +175,21 @@ class CompiledCosts:
     is unknown."""
     share = self.memory_share
     return None if share is None else share <= 1.0
+
+  @property
+  def error_line(self) -> str | None:
+    """The first line of XLA's message on a failed compile (``…`` marks
+    the rest); None where the compile did not fail."""
+    if not self.failed:
+      return None
+    lines = [line for line in (self.error or '').splitlines() if line.strip()]
+    return (lines[0] + (' …' if len(lines) > 1 else '')) if lines else 'no message'
+
+  @property
+  def refused_for_memory(self) -> bool:
+    """XLA refused the step for the device's memory (XLA:TPU's compile
+    does; compile-only GPUs give their figures and refuse nothing)."""
+    return self.failed and any(mark in (self.error or '') for mark in _MEMORY_REFUSALS)
 
   def to_dict(self) -> dict:
     from remat_explorer.analysis.split.report import plain_data
