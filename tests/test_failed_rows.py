@@ -112,3 +112,13 @@ def test_a_search_where_xla_compiles_nothing_says_xlas_reason(memory_budget, ran
   rows = compare(_loss_xla_cannot_compile, *args, policies=['nothing_saveable']).rows
   assert rows and all(r.failed and 'remat_explorer_unregistered_kernel' in r.costs.error
                       for r in rows)
+  # A row's note is XLA's first line, not the page of HLO XLA:GPU's messages
+  # can quote after it (as its Triton matmul tiling's does).
+  import dataclasses
+  from remat_explorer.viz.html.tables import row_note
+  hlo = '\n\t%dot.1134 = f32[1500,256]{1,0} dot(%bitcast.1276, %parameter_1.7)'
+  row = dataclasses.replace(rows[0], costs=dataclasses.replace(
+      rows[0].costs, error=rows[0].costs.error + hlo))
+  note = row_note(row)
+  assert 'remat_explorer_unregistered_kernel' in note and '%dot' not in note
+  assert '\n' not in note and note.endswith(' …')

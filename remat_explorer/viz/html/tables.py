@@ -259,11 +259,13 @@ def comparison_lowering(comparison: Comparison) -> str | None:
 
 
 def row_note(row) -> str:
-  """The notes cell of a comparison row: why it failed, else its warnings
-  (repeats folded, ``text.unique_lines``), else XLA's merge of its recompute
-  (which a warning repeats when there is one)."""
+  """The notes cell of a comparison row: why it failed (the first line of
+  XLA's message: an XLA:GPU error can quote a page of HLO, which
+  ``row.costs.error`` holds whole), else its warnings (repeats folded,
+  ``text.unique_lines``), else XLA's merge of its recompute (which a
+  warning repeats when there is one)."""
   if row.failed:
-    return f'compile failed: {row.costs.error}'
+    return f'compile failed: {row.costs.error_line}'
   return ' '.join(unique_lines(row.warnings)) or row.recompute_eliminated or ''
 
 
