@@ -320,6 +320,12 @@ def _check_explorer(page):
   cluster_titles = svg.locator('g.cluster > title').all_text_contents()
   assert any('forward' in t for t in cluster_titles), cluster_titles
   assert any('backward' in t for t in cluster_titles), cluster_titles
+  # The viewer's buttons are checked once the first compile has landed, so
+  # that nothing the Explorer still draws can redraw the viewer between a
+  # click and its check (one suite run under load read the opening zoom,
+  # 0.46, just after 100% had set 4/3).
+  page.wait_for_function(
+      "(e) => !e.querySelector('.remat-task')", arg=explorer.element_handle(), timeout=240_000)
   _check_viewer(page, explorer.locator('.remat-viewer').first)
   # A kernel holds it: no note that it needs one.
   assert explorer.locator('.remat-needs-kernel').count() == 1
@@ -332,8 +338,6 @@ def _check_explorer(page):
   table = explorer.locator('.remat-residuals').first
   table.wait_for(timeout=60_000)
   before = table.inner_text()
-  page.wait_for_function(  # the first compile is done
-      "(e) => !e.querySelector('.remat-task')", arg=explorer.element_handle(), timeout=240_000)
   # The marks last as long as the compile, which may be short: a watcher
   # notes that they appeared.
   _note_once(explorer, sawStale="e.querySelector('.remat-stale .remat-costs')",
