@@ -257,16 +257,21 @@ def _check_viewer(page, viewer):
   page.mouse.up()
   assert _transform(viewer) != before and _scale(_transform(viewer)) == zoomed
 
+  # Each button's effect is waited for, not read at once: one suite run
+  # under load read the fit zoom (0.46) just after 100% was clicked.
   viewer.get_by_role('button', name='fit').click()
-  assert _scale(_transform(viewer)) <= 4 / 3
-  inside = page.evaluate("""(viewer) => {
+  page.wait_for_function("""(viewer) => {
     const stage = viewer.querySelector('.remat-viewer-stage').getBoundingClientRect();
     const drawn = viewer.querySelector('.remat-zoom-layer').getBoundingClientRect();
     return drawn.left >= stage.left - 1 && drawn.right <= stage.right + 1
         && drawn.top >= stage.top - 1 && drawn.bottom <= stage.bottom + 1;
-  }""", viewer.element_handle())
-  assert inside, 'the fitted diagram is not wholly in view'
+  }""", arg=viewer.element_handle(), timeout=10_000)  # the whole diagram in view
+  assert _scale(_transform(viewer)) <= 4 / 3
   viewer.get_by_role('button', name='100%').click()
+  page.wait_for_function("""(layer) => {
+    const k = /scale\\(([\\d.e-]+)\\)/.exec(layer.getAttribute('transform'));
+    return k && Math.abs(parseFloat(k[1]) - 4 / 3) < 1e-6;
+  }""", arg=layer.element_handle(), timeout=10_000)  # its natural size
   assert _scale(_transform(viewer)) == pytest.approx(4 / 3)
 
   # The search box takes its keys, in a notebook too (where letters and
@@ -320,12 +325,6 @@ def _check_explorer(page):
   cluster_titles = svg.locator('g.cluster > title').all_text_contents()
   assert any('forward' in t for t in cluster_titles), cluster_titles
   assert any('backward' in t for t in cluster_titles), cluster_titles
-  # The viewer's buttons are checked once the first compile has landed, so
-  # that nothing the Explorer still draws can redraw the viewer between a
-  # click and its check (one suite run under load read the opening zoom,
-  # 0.46, just after 100% had set 4/3).
-  page.wait_for_function(
-      "(e) => !e.querySelector('.remat-task')", arg=explorer.element_handle(), timeout=240_000)
   _check_viewer(page, explorer.locator('.remat-viewer').first)
   # A kernel holds it: no note that it needs one.
   assert explorer.locator('.remat-needs-kernel').count() == 1
@@ -338,6 +337,8 @@ def _check_explorer(page):
   table = explorer.locator('.remat-residuals').first
   table.wait_for(timeout=60_000)
   before = table.inner_text()
+  page.wait_for_function(  # the first compile is done
+      "(e) => !e.querySelector('.remat-task')", arg=explorer.element_handle(), timeout=240_000)
   # The marks last as long as the compile, which may be short: a watcher
   # notes that they appeared.
   _note_once(explorer, sawStale="e.querySelector('.remat-stale .remat-costs')",
