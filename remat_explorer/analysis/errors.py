@@ -15,7 +15,12 @@ def error_summary(e: BaseException, *, one_line: bool = False) -> str:
            if _JAX_FILTERING_NOTE not in n]
   text = '\n'.join([message, *notes]).strip()
   if one_line:
-    lines = [line for line in text.splitlines() if line.strip()]
-    text = (lines[0] + (' …' if len(lines) > 1 else '')) if lines else ''
+    text = first_line(text)
   name = type(e).__name__
   return f'{name}: {text}' if text else name
+
+
+def first_line(text: str) -> str:
+  """`text`'s first line that is not blank, ``…`` marking the rest."""
+  lines = [line for line in text.splitlines() if line.strip()]
+  return (lines[0] + (' …' if len(lines) > 1 else '')) if lines else ''

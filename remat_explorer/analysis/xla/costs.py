@@ -9,6 +9,7 @@ import base64
 import dataclasses
 from dataclasses import dataclass, field
 
+from remat_explorer.analysis.errors import first_line
 from remat_explorer.analysis.xla.collectives import Collective
 from remat_explorer.analysis.xla.collectives import count as count_collectives
 from remat_explorer.analysis.xla.timeline import MemoryTimeline
@@ -182,8 +183,7 @@ class CompiledCosts:
     the rest); None where the compile did not fail."""
     if not self.failed:
       return None
-    lines = [line for line in (self.error or '').splitlines() if line.strip()]
-    return (lines[0] + (' …' if len(lines) > 1 else '')) if lines else 'no message'
+    return first_line(self.error or '') or 'no message'
 
   @property
   def refused_for_memory(self) -> bool:
