@@ -55,20 +55,18 @@ def _remat_given(model: str, policy):
   from ``flax.linen.partitioning``."""
   if model == 'griffin':
     from flax import linen as owner
-    name = 'remat'
   elif model == 'whisper':
     from transformers.models.whisper import modeling_flax_whisper as owner
-    name = 'remat'
   else:
     yield
     return
-  remat = getattr(owner, name)
+  remat = owner.remat
   if policy is not None:
-    setattr(owner, name, functools.partial(remat, policy=policy))
+    owner.remat = functools.partial(remat, policy=policy)
   try:
     yield
   finally:
-    setattr(owner, name, remat)
+    owner.remat = remat
 
 
 def _problem(model: str, layers: int, width: int, policy=None, remat=True):

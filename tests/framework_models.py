@@ -276,8 +276,8 @@ def hf_whisper(layers=4, width=256, batch=2, frames=1500, target_len=128, vocab=
   """``transformers``' ``FlaxWhisperForConditionalGeneration`` (installed as
   for ``hf_bert``): an encoder-decoder whose encoder starts with two
   convolutions over log-mel frames, its layers remat'ed by
-  ``enable_gradient_checkpointing`` (unless not `remat`), with a next-token loss over the
-  decoder's tokens. Its weights are abstract (``_do_init=False``, their
+  ``enable_gradient_checkpointing`` (unless not `remat`), with a next-token
+  loss over the decoder's tokens. Its weights are abstract (``_do_init=False``, their
   shapes from ``jax.eval_shape``): compiling needs no more."""
   from transformers import WhisperConfig, FlaxWhisperForConditionalGeneration
   config = WhisperConfig(vocab_size=vocab, d_model=width, encoder_layers=layers,
