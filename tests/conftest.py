@@ -33,12 +33,13 @@ if _OWN_CACHE:  # set before JAX is imported, which reads it then
 # tests compare values at float32's tolerances: they run at full precision.
 if os.path.exists('/dev/nvidiactl'):
   os.environ.setdefault('JAX_DEFAULT_MATMUL_PRECISION', 'highest')
-# On the CPU, the tests' own compiles (each figure is checked against a
+# Without a GPU, the tests' own compiles (each figure is checked against a
 # compile by hand) are made at the backend optimization level the
-# explorer's analysis compile uses: it changes only the machine code LLVM
-# makes from the optimized HLO, not the HLO, its schedule or its buffer
-# assignment (tests/test_analysis_compile.py checks that against XLA's
-# default level), and takes about a sixth off the suite's time.
+# explorer's analysis compile uses on the CPU: it changes only the machine
+# code LLVM makes from the optimized HLO, not the HLO, its schedule or its
+# buffer assignment (tests/test_analysis_compile.py checks that against
+# XLA's default level; the compile-only H100 and TPU peaks are unchanged
+# by it too), and takes about a sixth off the suite's time.
 elif 'xla_backend_optimization_level' not in os.environ.get('XLA_FLAGS', ''):
   os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '')
                              + ' --xla_backend_optimization_level=0').strip()
