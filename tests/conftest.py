@@ -39,7 +39,8 @@ if os.path.exists('/dev/nvidiactl'):
 # code LLVM makes from the optimized HLO, not the HLO, its schedule or its
 # buffer assignment (tests/test_analysis_compile.py checks that against
 # XLA's default level; the compile-only H100 and TPU peaks are unchanged
-# by it too), and takes about a sixth off the suite's time.
+# by it too), and takes about a fifth off the time of the modules that
+# compile most (docs/pages/install.md has the measurement).
 elif 'xla_backend_optimization_level' not in os.environ.get('XLA_FLAGS', ''):
   os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '')
                              + ' --xla_backend_optimization_level=0').strip()
