@@ -41,9 +41,14 @@ if os.path.exists('/dev/nvidiactl'):
 # XLA's default level; the compile-only H100 and TPU peaks are unchanged
 # by it too), and takes about a fifth off the time of the modules that
 # compile most (docs/pages/install.md has the measurement).
-elif 'xla_backend_optimization_level' not in os.environ.get('XLA_FLAGS', ''):
-  os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '')
-                             + ' --xla_backend_optimization_level=0').strip()
+else:
+  # Imported only now: the cache above is read when JAX is imported, these
+  # options when its first backend starts.
+  from remat_explorer.analysis.xla.compiled import analysis_compiler_options
+  _flags = os.environ.get('XLA_FLAGS', '')
+  os.environ['XLA_FLAGS'] = ' '.join(
+      [_flags] + [f'--{name}={value}' for name, value in analysis_compiler_options('cpu').items()
+                  if name not in _flags]).strip()
 
 
 def pytest_unconfigure(config):
