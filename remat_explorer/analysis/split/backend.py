@@ -68,6 +68,24 @@ read on:
   on the example transformer, unrolled: ``nothing_saveable`` compiles to
   the same peak as no remat on the CPU.
 
+* **The forward pass in depth-first order** (CPU). XLA:CPU schedules a
+  program with XLA's depth-first memory scheduler: a post-order walk from
+  the outputs that visits first, of an instruction's operands, the one
+  whose subgraph holds the most readers beyond each value's first, then
+  the most bytes. Walked so on the jaxpr, the forward pass of a remat'ed
+  LM runs the layers' recompute before the loss's head makes its logits,
+  as XLA:CPU's compiled Flax BERT does (the recompute is live with the
+  logits at its peak). In program order it came after the head: Hugging
+  Face's Flax BERT (``bench/estimates.py --only bert``) was estimated
+  13.9-18.4% under
+  its compiled peaks under ``nothing_saveable`` and both dots policies, and
+  ``everything_saveable``, which compiles 11.8% below
+  ``dots_with_no_batch_dims_saveable``, above them; in this order it is
+  within 7.9% and ordered as compiled. The backward pass keeps program
+  order: walked depth-first on the jaxpr, where XLA walks fused
+  instructions, it interleaved the backward blocks of several layers and
+  put the example convnet 40% over.
+
 * **Values read through remat's barrier** (GPU). Remat's backward block
   reads its inputs through an optimization barrier, and XLA:GPU makes each
   value it reads there apart: under ``everything_saveable`` a gelu's four
@@ -187,21 +205,21 @@ peak to 3.4% over; one that had the value die with the reduction,
 computed again in its other readers as XLA compiles it, left the
 channels-first convnet where it was (the late sum not modelled) and the
 example convnet 3.4% over: neither kept.
-Nor is where XLA:CPU schedules a loss's gradient seed. In Hugging Face's
-Flax BERT (``bench/estimates.py --only bert``) the scatter that
-``take_along_axis``'s gradient makes (``f32[8,256,8192]``, 64 MiB) reads
-only the token ids and a constant, and XLA:CPU makes it at step 107 of
-603, in the forward pass, so that it is live with the LM head's logits
-and their ``exp`` at the compiled peak (step 334); the model makes it
-where the backward pass starts, after those died: 64 of the 79.8 MiB
-missed under ``nothing_saveable``. Moving the loss's own forward
-equations (those only the returned loss reads) after the backward pass
-brought BERT within 7.9% with no pair of policies ordered the other way,
-but put Equinox's dots policies 8.5-10.5% over (4.7-6.3% as it is);
-making such scatters as early as their operands allow left BERT where it
-was (the jaxpr computes the indices after the logits) and put other
-models up to 19.7% over, where XLA does not make them early: neither
-kept.
+Nor is where XLA:CPU schedules a loss's gradient seed. In Flax BERT the
+scatter that ``take_along_axis``'s gradient makes (``f32[8,256,8192]``,
+64 MiB) reads only the token ids and a constant, and XLA:CPU makes it at
+step 107 of 603, in the forward pass, so that it is live with the LM
+head's logits and their ``exp`` at the compiled peak (step 334); the
+model makes it where the backward pass starts. With the forward pass in
+depth-first order the estimate's peak holds as many buffers of that size
+(the logits, their ``exp`` and ``x - max``), but not the scatter. Two
+rules tried for it, against the forward pass in program order: moving the
+loss's own forward equations (those only the returned loss reads) after
+the backward pass brought BERT within 7.9%, but put Equinox's dots
+policies 8.5-10.5% over (4.7-6.3% then); making such scatters as early as
+their operands allow left BERT where it was (the jaxpr computes the
+indices after the logits) and put other models up to 19.7% over, where
+XLA does not make them early: neither kept.
 """
 
 from __future__ import annotations
@@ -226,6 +244,7 @@ class Backend:
   materialises_values_both_passes_read: bool
   dot_fusions_read_broadcasts_apart: bool
   runs_recompute_early: bool
+  forward_in_depth_first_order: bool
   materialises_values_read_through_barriers: bool
   materialises_slices_read_through_barriers: bool
   makes_cheap_barrier_reads_late: bool
@@ -247,7 +266,7 @@ def backend_of(platform: str) -> Backend:
                  reductions_fuse_minor_broadcasts=not cpu, repeats_cheap_values=cpu,
                  loop_state_made_first=cpu, materialises_values_both_passes_read=cpu,
                  dot_fusions_read_broadcasts_apart=cpu,
-                 runs_recompute_early=cpu,
+                 runs_recompute_early=cpu, forward_in_depth_first_order=cpu,
                  materialises_values_read_through_barriers=platform == 'gpu',
                  materialises_slices_read_through_barriers=platform == 'gpu',
                  makes_cheap_barrier_reads_late=platform == 'gpu',

@@ -27,8 +27,9 @@ A liveness model of what XLA would hold, read from the jaxpr alone:
   readers, values both passes read; on a GPU, values remat's barrier reads
   and equal values merged) is added as it would run.
 
-Equations run in the jaxpr's order (on the CPU, remat's recompute moved
-to the forward pass; on a GPU, cheap values only the backward pass reads
+Equations run in the jaxpr's order (on the CPU, the forward pass with
+remat's recompute moved into it, in the depth-first order of XLA's
+scheduler; on a GPU, cheap values only the backward pass reads
 made just before it reads them: ``backend.py``), which XLA's scheduler is
 free to change:
 this is a model, not a measurement (``bench/estimates.py`` measures how far
@@ -81,7 +82,7 @@ class _Scope:
       self.ops = with_shared_broadcasts(
           self.ops, dot_fusions=backend.dot_fusions_read_broadcasts_apart)
     if backend.runs_recompute_early:
-      self.ops = in_schedule_order(self.ops)
+      self.ops = in_schedule_order(self.ops, depth_first=backend.forward_in_depth_first_order)
     self.root: dict = {}
     size: dict = {}  # root -> its bytes
     outputs = [env[v] for v in jaxpr.outvars if isinstance(v, Var)]

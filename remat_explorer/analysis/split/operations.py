@@ -207,19 +207,61 @@ def computation_key(op: Op, root):
   return op.name, params, operands, out.shape, out.dtype
 
 
-def in_schedule_order(ops: list[Op]) -> list[Op]:
+def in_schedule_order(ops: list[Op], *, depth_first: bool = True) -> list[Op]:
   """The equations in the order XLA:CPU's scheduler runs them, as
-  modelled: everything that does not wait for the backward pass first, in
-  program order, remat's recompute included (``backend.py``)."""
+  modelled: everything that does not wait for the backward pass first,
+  remat's recompute included, in the depth-first order of XLA's memory
+  scheduler (with `depth_first`, else in program order), then the backward
+  pass in program order (``backend.py``)."""
   waiting: set = set()
-  early, late = [], []
+  late: list[Op] = []
   for op in ops:
     if op.is_backward() or not waiting.isdisjoint(op.reads):
       late.append(op)
       waiting.update(op.writes)
-    else:
-      early.append(op)
-  return early + late
+  late_ids = {id(op) for op in late}
+  first = _depth_first(ops) if depth_first else ops
+  return [op for op in first if id(op) not in late_ids] + late
+
+
+def _depth_first(ops: list[Op]) -> list[Op]:
+  """`ops` in the order of XLA's depth-first memory scheduler, which
+  XLA:CPU schedules with: a post-order walk from what nothing reads, that
+  takes the operands of each equation with the most other readers in
+  their subgraph first, then the most bytes in it, then (where XLA
+  compares instruction names) the one earlier in the program."""
+  made_by = {k: i for i, op in enumerate(ops) for k in op.writes}
+  operands = [sorted({made_by[k] for k in op.reads if k in made_by}) for op in ops]
+  readers = [0] * len(ops)
+  for found in operands:
+    for i in found:
+      readers[i] += 1
+  # XLA's statistics of each subgraph, capped as it caps them.
+  extra_readers, subgraph_bytes, bytes_so_far = [0] * len(ops), [0] * len(ops), 0
+  for i, op in enumerate(ops):
+    own = sum(op.output_bytes())
+    bytes_so_far += own
+    extra_readers[i] = min(max(0, readers[i] - 1) + sum(extra_readers[j] for j in operands[i]),
+                           len(ops))
+    subgraph_bytes[i] = min(own + sum(subgraph_bytes[j] for j in operands[i]), bytes_so_far)
+
+  def first(i):
+    return -extra_readers[i], -subgraph_bytes[i], i
+  order: list[Op] = []
+  state = [0] * len(ops)  # 0 unseen, 1 its operands being walked, 2 placed
+  stack = [(i, False) for i in sorted((i for i in range(len(ops)) if not readers[i]),
+                                      key=first, reverse=True)]
+  while stack:  # iterative: a program's chains run deeper than Python's stack
+    i, walked = stack.pop()
+    if walked:
+      state[i] = 2
+      order.append(ops[i])
+    elif not state[i]:
+      state[i] = 1
+      stack.append((i, True))
+      stack.extend((j, False) for j in sorted(operands[i], key=first, reverse=True)
+                   if not state[j])
+  return order
 
 
 def with_layout_copies(ops: list[Op]) -> list[Op]:
