@@ -77,9 +77,8 @@ read on:
   as XLA:CPU's compiled Flax BERT does (the recompute is live with the
   logits at its peak). In program order it came after the head: Hugging
   Face's Flax BERT (``bench/estimates.py --only bert``) was estimated
-  13.9-18.4% under
-  its compiled peaks under ``nothing_saveable`` and both dots policies, and
-  ``everything_saveable``, which compiles 11.8% below
+  13.9-18.4% under its compiled peaks under ``nothing_saveable`` and both
+  dots policies, and ``everything_saveable``, which compiles 11.8% below
   ``dots_with_no_batch_dims_saveable``, above them; in this order it is
   within 7.9% and ordered as compiled. The backward pass keeps program
   order: walked depth-first on the jaxpr, where XLA walks fused

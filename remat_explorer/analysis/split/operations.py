@@ -207,7 +207,7 @@ def computation_key(op: Op, root):
   return op.name, params, operands, out.shape, out.dtype
 
 
-def in_schedule_order(ops: list[Op], *, depth_first: bool = True) -> list[Op]:
+def in_schedule_order(ops: list[Op], *, depth_first: bool) -> list[Op]:
   """The equations in the order XLA:CPU's scheduler runs them, as
   modelled: everything that does not wait for the backward pass first,
   remat's recompute included, in the depth-first order of XLA's memory
