@@ -248,19 +248,18 @@ def _depth_first(ops: list[Op]) -> list[Op]:
   def first(i):
     return -extra_readers[i], -subgraph_bytes[i], i
   order: list[Op] = []
-  state = [0] * len(ops)  # 0 unseen, 1 its operands being walked, 2 placed
+  seen = [False] * len(ops)
   stack = [(i, False) for i in sorted((i for i in range(len(ops)) if not readers[i]),
                                       key=first, reverse=True)]
   while stack:  # iterative: a program's chains run deeper than Python's stack
     i, walked = stack.pop()
-    if walked:
-      state[i] = 2
+    if walked:  # its operands are placed
       order.append(ops[i])
-    elif not state[i]:
-      state[i] = 1
+    elif not seen[i]:
+      seen[i] = True
       stack.append((i, True))
       stack.extend((j, False) for j in sorted(operands[i], key=first, reverse=True)
-                   if not state[j])
+                   if not seen[j])
   return order
 
 
