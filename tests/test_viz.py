@@ -306,7 +306,9 @@ def test_every_chart_text_is_readable_at_the_size_it_is_shown(comparison, chart)
   is at least 11 px at the figure's own dpi, and the figure is no wider
   than a notebook cell, so neither a notebook (IPython draws a figure at
   its dpi) nor the report (``chart_img``, at its natural size) shows it
-  smaller. A long policy label (a searched policy's) is among the rows."""
+  smaller; everything it draws lies inside the figure, whose size the
+  report's image is. A long policy label (a searched policy's) is among
+  the rows, and is the residual chart's policy."""
   import base64
   import struct
   import matplotlib
@@ -317,6 +319,8 @@ def test_every_chart_text_is_readable_at_the_size_it_is_shown(comparison, chart)
                 "'mlp_hidden_activation', 'layer_norm_output_of_the_second_block')")
   rows = list(comparison.rows)
   rows[-1] = dataclasses.replace(rows[-1], label=long_label)
+  rows[0] = dataclasses.replace(rows[0], report=dataclasses.replace(rows[0].report,
+                                                                    policy=long_label))
   # A notebook may lower matplotlib's dpi to keep its images light: the
   # charts keep their own.
   with matplotlib.rc_context({'figure.dpi': 72}):
@@ -327,6 +331,9 @@ def test_every_chart_text_is_readable_at_the_size_it_is_shown(comparison, chart)
   smallest = min(texts, key=lambda t: t.get_fontsize())
   assert smallest.get_fontsize() * fig.dpi / 72 >= MIN_DISPLAYED_TEXT_PX, (
       chart, smallest.get_text(), smallest.get_fontsize(), fig.dpi)
+  drawn, whole = fig.get_tightbbox(fig.canvas.get_renderer()), fig.bbox_inches
+  assert (drawn.x0 >= whole.x0 and drawn.y0 >= whole.y0 and drawn.x1 <= whole.x1
+          and drawn.y1 <= whole.y1), (chart, drawn, whole)
   for png in (base64.b64decode(chart_img(fig).split('base64,')[1].split('"')[0]),
               print_figure(fig, 'png')):  # the report's, a notebook's
     width = struct.unpack('>I', png[16:20])[0]

@@ -268,6 +268,17 @@ def residual_bytes_by_origin(report: RematReport) -> dict[str, int]:
   return dict(sorted(groups.items(), key=lambda kv: -kv[1]))
 
 
+_TITLE_CHARS = 64
+"""The most characters of a title that fit the figure's width (about 7.5
+pt each at its size): the figure is not widened to fit its text."""
+
+
+def _within_width(title: str, on_two_lines: str) -> str:
+  """`title` where it fits on one line, else `on_two_lines` (the tables
+  give a long policy whole)."""
+  return title if len(title) <= _TITLE_CHARS else on_two_lines
+
+
 @literal_text
 def plot_residuals_by_origin(report: RematReport) -> Figure:
   """Horizontal bars: residual bytes by origin under one policy.
@@ -292,7 +303,9 @@ def plot_residuals_by_origin(report: RematReport) -> Figure:
                 va='center', fontsize=SMALL_FONT)
   ax.set_xlabel(f'residual bytes ({unit_name(format_bytes(scale))})')
   total = format_bytes(sum(groups.values()))
-  ax.set_title(f'{report.function} · {report.policy}: {total} of residuals')
+  ax.set_title(_within_width(f'{report.function} · {report.policy}: {total} of residuals',
+                             f'{short_label(report.function, _TITLE_CHARS)}: {total} of '
+                             f'residuals\n{short_label(report.policy, _TITLE_CHARS)}'))
   if not groups:
     ax.text(0.5, 0.5, 'no residuals', transform=ax.transAxes, ha='center')
   return fig
