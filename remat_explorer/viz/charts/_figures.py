@@ -106,9 +106,10 @@ def figure_png_data_uri(figure: Figure) -> str:
   """`figure` as a PNG data URI, exactly its size at `CHART_DPI`.
 
   Its constrained layout already fits its contents into the figure. A
-  ``bbox_inches='tight'`` save would draw the figure twice (once to
-  measure what it holds), three fifths of a chart's time, and let text
-  wider than the figure widen the image past `MAX_WIDTH_INCHES`."""
+  ``bbox_inches='tight'`` save draws the figure twice (once to measure
+  what it holds: a comparison's four charts took 908 ms rather than 764)
+  and lets text wider than the figure widen the image past
+  `MAX_WIDTH_INCHES`."""
   buffer = io.BytesIO()
   figure.savefig(buffer, format='png', dpi=CHART_DPI)
   return 'data:image/png;base64,' + base64.b64encode(buffer.getvalue()).decode('ascii')

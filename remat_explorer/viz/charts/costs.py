@@ -273,12 +273,6 @@ _TITLE_CHARS = 64
 pt each at its size): the figure is not widened to fit its text."""
 
 
-def _within_width(title: str, on_two_lines: str) -> str:
-  """`title` where it fits on one line, else `on_two_lines` (the tables
-  give a long policy whole)."""
-  return title if len(title) <= _TITLE_CHARS else on_two_lines
-
-
 @literal_text
 def plot_residuals_by_origin(report: RematReport) -> Figure:
   """Horizontal bars: residual bytes by origin under one policy.
@@ -303,9 +297,11 @@ def plot_residuals_by_origin(report: RematReport) -> Figure:
                 va='center', fontsize=SMALL_FONT)
   ax.set_xlabel(f'residual bytes ({unit_name(format_bytes(scale))})')
   total = format_bytes(sum(groups.values()))
-  ax.set_title(_within_width(f'{report.function} · {report.policy}: {total} of residuals',
-                             f'{short_label(report.function, _TITLE_CHARS)}: {total} of '
-                             f'residuals\n{short_label(report.policy, _TITLE_CHARS)}'))
+  title = f'{report.function} · {report.policy}: {total} of residuals'
+  if len(title) > _TITLE_CHARS:  # the policy on a line of its own, cut (the tables give it whole)
+    title = (f'{short_label(report.function, _TITLE_CHARS)}: {total} of residuals\n'
+             f'{short_label(report.policy, _TITLE_CHARS)}')
+  ax.set_title(title)
   if not groups:
     ax.text(0.5, 0.5, 'no residuals', transform=ax.transAxes, ha='center')
   return fig
