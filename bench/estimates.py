@@ -29,8 +29,10 @@ estimate is measured against what XLA compiles for it: the estimate
 follows the target's platform (``split/backend.py``).
 
 Then ``search_policy(rank_by_estimate=True)`` on the example transformer at
-a few budgets: the compiles it runs (target: at most 3) and its answer
-beside the search that compiles every candidate. With a target of several
+a few budgets, and on the Flax Linen, NNX and Equinox transformers between
+the extremes: the compiles it runs (target: at most 3), its answer beside
+the search that compiles every candidate, and the candidates that search
+compiled which beat it (target: none). With a target of several
 devices (``--target h100:8``) the search's transformer is data parallel
 over all of them.
 
@@ -110,7 +112,7 @@ def main() -> None:
     jax.config.update('jax_platforms', 'cpu')  # before the CUDA plugin loads
   bench_estimates(not options.no_frameworks, options.only, options.target)
   if not options.no_search:
-    bench_search(options.target)
+    bench_search(options.target, not options.no_frameworks)
 
 
 def on_target(args, target: str | None):
@@ -230,43 +232,60 @@ def bench_estimates(frameworks: bool, only=None, target=None) -> None:
 
 
 
-def bench_search(target=None) -> None:
+def bench_search(target=None, frameworks=True) -> None:
   """On a target of several devices (``h100:8``) the transformer is data
   parallel over all of them, eight sequences each, and a budget in bytes
   (the 0.5 budget's) is tried too: a sharded program's estimate is the
-  whole program's, and the budget per device."""
+  whole program's, and the budget per device. On one device the Flax
+  Linen, NNX and Equinox transformers are searched too, at budgets between
+  the extremes. Each answer ranked by estimate is held against every
+  candidate the search that compiles them all compiled: the labels of
+  those that beat it (a peak and FLOPs no higher, one of them lower)."""
   from remat_explorer import target_mesh
   devices = target_mesh(target).size if target else 1
-  print('search_policy on the example transformer, ranked by estimate vs every '
-        'candidate compiled' + (f' for {target}' if target else '')
-        + (f', data parallel over {devices} devices:' if devices > 1 else ':'))
+  print('search_policy ranked by estimate vs every candidate compiled'
+        + (f' for {target}' if target else '')
+        + (f', the transformer data parallel over {devices} devices:' if devices > 1 else ':'))
   if devices > 1:
     mesh = target_mesh(target, {'data': devices, 'model': 1})
-    loss_fn, args = examples.sharded_transformer(
-        mesh, num_layers=4, d_model=128, seq_len=64, batch=8 * devices)
+    searched = {'transformer': examples.sharded_transformer(
+        mesh, num_layers=4, d_model=128, seq_len=64, batch=8 * devices)}
   else:
     loss_fn, args = examples.transformer()
-    args = on_target(args, target)
-  half = None
-  for budget in (0.0, 0.5, 1.0, 'bytes'):
-    if budget == 'bytes':
-      budget = half
-    found = {}
-    for rank_by_estimate in (True, False):
-      clear_caches()
-      start = time.perf_counter()
-      result = search_policy(loss_fn, *args, memory_budget=budget,
-                             rank_by_estimate=rank_by_estimate)
-      found[rank_by_estimate] = result, time.perf_counter() - start
-    (quick, quick_s), (full, full_s) = found[True], found[False]
-    if budget == 0.5:
-      half = full.budget_bytes
-    shown = f'{budget / 2**20:.2f} MiB' if isinstance(budget, int) else budget
-    print(f'  budget {shown}: by estimate {quick.compiles_used} compiles, {quick_s:.1f} s, '
-          f'{quick.label[:40]!r} peak {quick.peak_bytes / 2**20:.2f} MiB '
-          f'(fits: {quick.peak_bytes <= quick.budget_bytes}) FLOPs {quick.flops / 1e9:.3f} G | '
-          f'all compiled {full.compiles_used} compiles, {full_s:.1f} s, {full.label[:40]!r} '
-          f'FLOPs {full.flops / 1e9:.3f} G ({quick.flops / full.flops - 1:+.2%})')
+    searched = {'transformer': (loss_fn, on_target(args, target))}
+  if frameworks and devices == 1:
+    import framework_models
+    searched.update({name: (loss_fn, on_target(args, target)) for name, (loss_fn, args) in (
+        ('flax linen', framework_models.linen_transformer()),
+        ('flax nnx', framework_models.nnx_transformer()),
+        ('equinox', framework_models.equinox_transformer()))})
+  for name, (loss_fn, args) in searched.items():
+    budgets = (0.0, 0.5, 1.0, 'bytes') if name == 'transformer' else (0.25, 0.5, 0.75)
+    half = None
+    for budget in budgets:
+      if budget == 'bytes':
+        budget = half
+      found = {}
+      for rank_by_estimate in (True, False):
+        clear_caches()
+        start = time.perf_counter()
+        result = search_policy(loss_fn, *args, memory_budget=budget,
+                               rank_by_estimate=rank_by_estimate)
+        found[rank_by_estimate] = result, time.perf_counter() - start
+      (quick, quick_s), (full, full_s) = found[True], found[False]
+      if budget == 0.5:
+        half = full.budget_bytes
+      beaten_by = [c.label for c in full.candidates if c.peak_bytes is not None
+                   and c.peak_bytes <= quick.peak_bytes and c.flops <= quick.flops
+                   and (c.peak_bytes < quick.peak_bytes or c.flops < quick.flops)]
+      shown = f'{budget / 2**20:.2f} MiB' if isinstance(budget, int) else budget
+      print(f'  {name}, budget {shown}: by estimate {quick.compiles_used} compiles, '
+            f'{quick_s:.1f} s, {quick.label[:40]!r} peak {quick.peak_bytes / 2**20:.2f} MiB '
+            f'(fits: {quick.peak_bytes <= quick.budget_bytes}) {quick.flops / 1e6:.3f} MFLOP | '
+            f'all compiled {full.compiles_used} compiles, {full_s:.1f} s, {full.label[:40]!r} '
+            f'{full.peak_bytes / 2**20:.2f} MiB {full.flops / 1e6:.3f} MFLOP '
+            f'({quick.flops / full.flops - 1:+.2%}) | '
+            f'beaten by: {", ".join(beaten_by) or "none"} (target: none)')
 
 
 if __name__ == '__main__':
