@@ -16,10 +16,12 @@ from remat_explorer.analysis.split.report import RematReport
 MAX_PATTERN_UNITS = 16
 
 
-def greedy_units(run, base_report: RematReport, names, fits) -> list:
+def greedy_units(run, base_report: RematReport, names, fits, min_saved_flops: float = 0) -> list:
   """The units to save: each priced by the analysis (the recompute FLOPs
   it removes per residual byte it adds over `base_report`), added best
-  first while ``fits(units)`` says the predicted peak fits."""
+  first while ``fits(units)`` says the predicted peak fits. A unit that
+  removes no more than `min_saved_flops` is not a candidate: its bytes are
+  certain, its saving is not."""
   run.say(0, None, 'pricing what to save')
   units = ([('name', n) for n in names] + [('role', r) for r in ROLES]
            + [('pattern', p) for p in costliest_recomputed(base_report)])
@@ -28,7 +30,7 @@ def greedy_units(run, base_report: RematReport, names, fits) -> list:
     report = run.report(policy_of([unit]))
     saved_flops = base_report.total_flops - report.total_flops
     added_bytes = report.residual_bytes_per_device - base_report.residual_bytes_per_device
-    if saved_flops > 0:
+    if saved_flops > max(min_saved_flops, 0):
       priced.append((saved_flops / max(added_bytes, 1), unit))
   priced.sort(key=lambda p: -p[0])
   chosen = []

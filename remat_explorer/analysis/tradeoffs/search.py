@@ -142,7 +142,9 @@ def search_policy(f, *args, memory_budget: int | float | str, argnums=0,
   fewest estimated FLOPs first, until one fits; the answer is compiled and
   fits, but only the compiled candidates are sure not to beat it. Those
   include every candidate compiled before in the process (a ``compare``'s
-  rows), taken from the cache at no compile.
+  rows), taken from the cache at no compile. Its own choice saves nothing
+  whose estimated saving lies within the estimate's FLOPs error (measured
+  on the built-ins compiled).
 
   A candidate XLA does not compile is one that does not fit. Where XLA
   compiles none of them (or, for a fractional budget, not the two
@@ -402,7 +404,8 @@ def _search_by_estimate(run: _Runner, names, policies, memory_budget) -> SearchR
   predict = _calibrated(estimates, compiled)
   base_report = run.report(policies['nothing_saveable'])
   units = greedy_units(run, base_report, names, lambda units: predict(
-      run.estimate(repr(policy_of(units)), policy_of(units)).peak_bytes) <= budget)
+      run.estimate(repr(policy_of(units)), policy_of(units)).peak_bytes) <= budget,
+      min_saved_flops=_flops_error(estimates, compiled))
   if units:
     policy = policy_of(units, sites=user_sites(base_report, units))
     estimates[repr(policy)] = run.estimate(repr(policy), policy)
@@ -466,6 +469,21 @@ def _calibrated(estimates, compiled, flops: bool = False) -> Callable[[float], f
   ratios = _compiled_over_estimated(estimates, compiled, flops)
   ratio = float(np.mean(ratios)) if ratios else 1.0
   return lambda estimate: estimate * ratio
+
+
+def _flops_error(estimates, compiled) -> float:
+  """The FLOPs by which the estimate may misjudge one policy against
+  another: the spread of compiled-over-estimated FLOPs between the
+  policies compiled, times nothing_saveable's estimated FLOPs (0 where
+  fewer than two are compiled). Saving a value costs its bytes for
+  certain; a saving below this may compile to none, or to more FLOPs, and
+  the answer is then beaten by a built-in that does not save it (the
+  reductions and an ``integer_pow`` of a transformer's softmax and norms,
+  saved beside its dots, compile over ``dots_saveable``'s FLOPs)."""
+  ratios = _compiled_over_estimated(estimates, compiled, flops=True)
+  if len(ratios) < 2:
+    return 0.0
+  return (max(ratios) - min(ratios)) * estimates['nothing_saveable'].flops
 
 
 _SLACK = 0.05
