@@ -62,5 +62,5 @@ def test_framework_search_is_never_dominated(build):
   loss_fn, args = getattr(framework_models, build)(batch=2, seq=8)
   # The MLP's test searches at the extremes too; a framework's program at
   # half of its peak without remat, where some candidates fit and some do
-  # not (the answer on all three models is dots_saveable).
+  # not.
   _check_never_dominated(loss_fn, args, [0.5], lowering='cond')

@@ -30,7 +30,7 @@ def greedy_units(run, base_report: RematReport, names, fits, min_saved_flops: fl
     report = run.report(policy_of([unit]))
     saved_flops = base_report.total_flops - report.total_flops
     added_bytes = report.residual_bytes_per_device - base_report.residual_bytes_per_device
-    if saved_flops > max(min_saved_flops, 0):
+    if saved_flops > min_saved_flops:
       priced.append((saved_flops / max(added_bytes, 1), unit))
   priced.sort(key=lambda p: -p[0])
   chosen = []
