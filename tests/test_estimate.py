@@ -43,13 +43,19 @@ def _models():
 
 @functools.cache
 def _figures(model: str):
-  """{policy: (estimate, compiled costs)} for one model."""
+  """{policy: (estimate, compiled costs)} for one model, computed once
+  for the two tests that read them (one worker: ``FIGURES_GROUP``)."""
   loss, args = _models()[model]
   return {label: (estimate_costs(loss, *args, policy=policy),
                   compile_costs(loss, *args, policy=policy))
           for label, policy in POLICIES.items()}
 
 
+# The tests reading ``_figures`` run on one worker, which computes them once.
+FIGURES_GROUP = pytest.mark.xdist_group('estimate-figures')
+
+
+@FIGURES_GROUP
 @pytest.mark.parametrize('model', ['mlp (scan)', 'transformer (scan)'])
 def test_the_estimate_is_near_the_compiled_peak_and_flops(model):
   for label, (estimate, costs) in _figures(model).items():
@@ -61,6 +67,7 @@ def test_the_estimate_is_near_the_compiled_peak_and_flops(model):
     assert estimate.seconds > 0
 
 
+@FIGURES_GROUP
 @pytest.mark.parametrize('model', ['mlp (scan)', 'transformer (scan)'])
 def test_policies_rank_by_estimate_as_they_rank_compiled(model):
   figures = _figures(model)

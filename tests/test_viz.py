@@ -21,6 +21,7 @@ from remat_explorer.viz.widget import _panels
 from remat_explorer.viz.charts import costs as charts, timeline_chart
 from remat_explorer.viz.html import tables
 from remat_explorer.viz.widget._policy_controls import NAMED as _NAMED
+from remat_explorer.viz.widget.explorer import TABS
 from remat_explorer.viz.text import byte_unit, format_bytes
 from tests.programs import named_by_user
 
@@ -563,7 +564,7 @@ def test_explorer_controls_change_the_views(problem):
   e = rx.explore(f, *args)
   e.wait(300)
   assert isinstance(e, rx.Explorer)
-  assert [e.tabs.get_title(i) for i in range(5)] == list(viz.widget.explorer.TABS)
+  assert [e.tabs.get_title(i) for i in range(5)] == list(TABS)
   nothing = e.residual_view.value
   assert 'cluster' in e.diagram.svg and e.diagram.svg.startswith('<svg')
   assert 'Compile failed' not in e.costs_view.value and 'peak bytes' in e.costs_view.value
@@ -586,9 +587,10 @@ def test_explorer_controls_change_the_views(problem):
 
 
 def test_the_residual_chart_is_drawn_once_for_each_report(problem, monkeypatch):
-  """Sorting the residual table or picking a block redraws the views of
-  the same report: its table follows, its chart is the one drawn before.
-  Another policy's report gets a chart of its own."""
+  """The residual chart is drawn once its tab is open, not while another
+  tab is. Sorting the residual table or picking a block redraws the views
+  of the same report: its table follows, its chart is the one drawn
+  before. Another policy's report gets a chart of its own."""
   from remat_explorer.viz.widget import explorer as explorer_module
   drawn = []
   plot = explorer_module.plot_residuals_by_origin
@@ -597,8 +599,13 @@ def test_the_residual_chart_is_drawn_once_for_each_report(problem, monkeypatch):
   f, args = problem
   e = rx.explore(f, *args)
   e.wait(300)
+  charts = lambda: e.residual_view.value.count('<div class="remat-chart"')
   chart = lambda: e.residual_view.value[e.residual_view.value.index('<div class="remat-chart"'):]
   table = lambda: re.findall(r'<tr><td>(\d+)</td>', e.residual_view.value)
+  assert e.tabs.selected_index != TABS.index('Residuals')
+  assert drawn == [] and charts() == 0 and table()
+  e.tabs.selected_index = TABS.index('Residuals')
+  assert len(drawn) == 1 and charts() == 1
   first_chart, by_bytes = chart(), table()
   e.sort_by.value = 'index'
   assert table() == sorted(by_bytes, key=int) != by_bytes
@@ -609,6 +616,13 @@ def test_the_residual_chart_is_drawn_once_for_each_report(problem, monkeypatch):
   e.policy.value = 'everything_saveable'
   e.wait(300)
   assert drawn[1:] == ['everything_saveable'] and chart() != first_chart
+  # Another tab open: a new policy's table follows, its chart waits for the tab.
+  e.tabs.selected_index = TABS.index('Costs')
+  e.policy.value = 'dots_saveable'
+  e.wait(300)
+  assert drawn[2:] == [] and charts() == 0 and 'dots_saveable' in e.residual_view.value
+  e.tabs.selected_index = TABS.index('Residuals')
+  assert drawn[2:] == ['dots_saveable'] and charts() == 1
 
 
 def test_every_caption_names_policy_lowering_and_device(problem):
