@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from remat_explorer.analysis import compare
 from remat_explorer.viz.widget import _panels
-from remat_explorer.viz.widget._panels import OUTDATED, STALE
+from remat_explorer.viz.widget._panels import OUTDATED, STALE, TABS
 
 
 class ComparisonTab:
@@ -19,6 +19,11 @@ class ComparisonTab:
     import ipywidgets as w
     self.explorer = explorer
     self.comparison = None
+    # The Pareto chart and memory by policy are drawn while the tab is open,
+    # or once it is opened: a search joining the comparison with another tab
+    # open redrew both unseen. What they mark (the row shown, the search).
+    self._charts: str | None = None
+    self._chart_choice: tuple = (None, None)
     self.lowering = None
     """The lowering the comparison shown was compiled under."""
     self.button = w.Button(
@@ -52,12 +57,15 @@ class ComparisonTab:
     def run(progress):
       comparison = compare(subject, *x.args, policies=policies, lowering=lowering,
                            argnums=x.argnums, progress=progress, **x.kwargs)
-      return comparison, _panels.comparison_html(comparison, selected, searched)
+      # The charts are drawn here only if the tab is open (else once it is).
+      charts = (_panels.comparison_charts_html(comparison, selected, searched)
+                if self.is_open() else None)
+      return comparison, (selected, searched), charts
 
     def show(result):
-      self.comparison, html = result
+      self.comparison, self._chart_choice, self._charts = result
       self.lowering = lowering
-      self.view.value = html
+      self._show_view()
       self.view.remove_class(STALE)
       self.mark()
       x._output.changed()
@@ -70,6 +78,19 @@ class ComparisonTab:
     x._work.start(f'comparing {what} · lowering {lowering}', run, show, failed,
                   group='comparison',
                   key=(lowering, tuple(policies or ()), selected, id(searched)))
+
+  def is_open(self) -> bool:
+    return self.explorer.tabs.selected_index == TABS.index('Compare')
+
+  def opened(self) -> None:
+    """The tab is open: the comparison's charts, if not drawn yet."""
+    if self.comparison is not None and self._charts is None:
+      self._charts = _panels.comparison_charts_html(self.comparison, *self._chart_choice)
+      self._show_view()
+
+  def _show_view(self) -> None:
+    self.view.value = (_panels.comparison_tables_html(self.comparison)
+                       + (self._charts or ''))
 
   def mark(self) -> None:
     """Mark the comparison out of date while the lowering differs from its."""

@@ -72,6 +72,10 @@ CSS = f"""<style>
 </style>"""
 
 
+TABS = ('Split diagram', 'Residuals', 'Costs', 'Compare', 'Program')
+"""The Explorer's tabs, in order."""
+
+
 def progress_html(tasks) -> str:
   """A line per running task (``_work.Task``): a determinate ``<progress>``
   where its number of steps is known, an indeterminate one (no value: the
@@ -176,11 +180,19 @@ def search_html(result) -> str:
 
 
 def comparison_html(comparison, selected, search_result) -> str:
-  """The Compare tab: the table (each policy's warnings in its row), each
-  checkpointed scan's schedule in theory and measured, the Pareto chart and
-  memory by policy."""
-  return (comparison_table_html(comparison)
-          + scan_layouts_html(comparison)
-          + chart_img(plot_pareto(comparison, selected=selected, search_result=search_result),
-                      'peak memory against FLOPs')
+  """The Compare tab: its tables, then its charts."""
+  return (comparison_tables_html(comparison)
+          + comparison_charts_html(comparison, selected, search_result))
+
+
+def comparison_tables_html(comparison) -> str:
+  """The table (each policy's warnings in its row) and each checkpointed
+  scan's schedule in theory and measured."""
+  return comparison_table_html(comparison) + scan_layouts_html(comparison)
+
+
+def comparison_charts_html(comparison, selected, search_result) -> str:
+  """The Pareto chart and memory by policy."""
+  return (chart_img(plot_pareto(comparison, selected=selected, search_result=search_result),
+                    'peak memory against FLOPs')
           + chart_img(plot_memory_breakdown(comparison), 'memory by policy'))

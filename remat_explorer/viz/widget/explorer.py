@@ -20,7 +20,8 @@ from remat_explorer.analysis import (DEFAULT_LOWERING, LOWERINGS, NO_REMAT, anal
                                      check_keywords)
 from remat_explorer.viz.widget import _panels
 from remat_explorer.viz.widget._comparison import ComparisonTab
-from remat_explorer.viz.widget._panels import STALE, caption_html, error_text, warnings_html
+from remat_explorer.viz.widget._panels import (STALE, TABS, caption_html, error_text,
+                                              warnings_html)
 from remat_explorer.viz.widget._policy_controls import ALL_BLOCKS, PolicyControls
 from remat_explorer.viz.widget._search import BudgetSearch
 from remat_explorer.viz.widget._work import Work
@@ -35,7 +36,6 @@ from remat_explorer.viz.diagram.split_graph import split_graph
 from remat_explorer.viz.html.tables import (RESIDUAL_SORT_KEYS, report_jaxprs_html,
                                        residual_table_html)
 
-TABS = ('Split diagram', 'Residuals', 'Costs', 'Compare', 'Program')
 _RESIDUALS_TAB = TABS.index('Residuals')
 
 
@@ -364,10 +364,12 @@ class Explorer:
         f'{residual_table_html(report, sort_by=self.sort_by.value)}</div>' + chart)
 
   def _tab_opened(self, change) -> None:
-    """The residual chart of the report the table shows, drawn once its tab
-    is open (``_render_residuals``)."""
+    """The charts of a tab, drawn once it is open: the residual chart of the
+    report the table shows (``_render_residuals``), the comparison's."""
     if change['new'] == _RESIDUALS_TAB and self._residuals_shown is not None:
       self._render_residuals(self._residuals_shown)
+    elif change['new'] == TABS.index('Compare'):
+      self._comparison.opened()
 
   def _costs_html(self, fn, label, policy, lowering, report) -> tuple[str, dict]:
     """On a worker: compile `fn` under `policy` and under no remat; the
