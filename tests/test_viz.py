@@ -717,7 +717,7 @@ def test_explorer_compare_and_pick_from_the_front(problem):
   e.wait(300)
 
 
-def test_the_comparison_charts_are_drawn_once_the_compare_tab_is_open(problem):
+def test_the_comparison_charts_are_drawn_once_the_compare_tab_is_open(problem, monkeypatch):
   """A comparison run with another tab open shows its table at once and
   draws its Pareto and memory charts when the Compare tab opens; run with
   the tab open, it draws them on the worker."""
@@ -740,6 +740,24 @@ def test_the_comparison_charts_are_drawn_once_the_compare_tab_is_open(problem):
   e.compare_button.click()
   e.wait(600)
   assert charts() == 2 and 'lowering cond' in e.compare_view.value
+  # Opened after the comparison's worker found the tab closed: the charts
+  # are drawn when its result lands.
+  import threading
+  from remat_explorer.viz.widget._comparison import ComparisonTab
+  checked, is_open = threading.Event(), ComparisonTab.is_open
+  def noting(tab):
+    if threading.current_thread() is not threading.main_thread():
+      checked.set()
+    return is_open(tab)
+  monkeypatch.setattr(ComparisonTab, 'is_open', noting)
+  e.tabs.selected_index = TABS.index('Costs')
+  e.lowering.value = 'none'
+  e.wait(300)
+  e.compare_button.click()
+  assert checked.wait(300)
+  e.tabs.selected_index = TABS.index('Compare')
+  e.wait(600)
+  assert charts() == 2 and 'lowering none' in e.compare_view.value
 
 
 def test_explorer_search_adds_its_policy_and_wait_covers_what_it_starts(problem):

@@ -65,7 +65,10 @@ class ComparisonTab:
     def show(result):
       self.comparison, self._chart_choice, self._charts = result
       self.lowering = lowering
-      self._show_view()
+      if self.is_open():  # perhaps opened while the comparison ran
+        self.opened()
+      else:
+        self._show_view()
       self.view.remove_class(STALE)
       self.mark()
       x._output.changed()
@@ -86,6 +89,7 @@ class ComparisonTab:
     """The tab is open: the comparison's charts, if not drawn yet."""
     if self.comparison is not None and self._charts is None:
       self._charts = _panels.comparison_charts_html(self.comparison, *self._chart_choice)
+    if self.comparison is not None:
       self._show_view()
 
   def _show_view(self) -> None:
