@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from remat_explorer.analysis import compare
 from remat_explorer.viz.widget import _panels
-from remat_explorer.viz.widget._panels import OUTDATED, STALE, TABS
+from remat_explorer.viz.widget._panels import OUTDATED, STALE
 
 
 class ComparisonTab:
@@ -83,14 +83,16 @@ class ComparisonTab:
                   key=(lowering, tuple(policies or ()), selected, id(searched)))
 
   def is_open(self) -> bool:
-    return self.explorer.tabs.selected_index == TABS.index('Compare')
+    return self.explorer._tab_is_open('Compare')
 
   def opened(self) -> None:
-    """The tab is open: the comparison's charts, if not drawn yet."""
-    if self.comparison is not None and self._charts is None:
+    """The tab is open: the comparison with its charts, drawn if they were
+    not."""
+    if self.comparison is None:
+      return
+    if self._charts is None:
       self._charts = _panels.comparison_charts_html(self.comparison, *self._chart_choice)
-    if self.comparison is not None:
-      self._show_view()
+    self._show_view()
 
   def _show_view(self) -> None:
     self.view.value = (_panels.comparison_tables_html(self.comparison)

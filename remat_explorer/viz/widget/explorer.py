@@ -36,8 +36,6 @@ from remat_explorer.viz.diagram.split_graph import split_graph
 from remat_explorer.viz.html.tables import (RESIDUAL_SORT_KEYS, report_jaxprs_html,
                                        residual_table_html)
 
-_RESIDUALS_TAB = TABS.index('Residuals')
-
 
 def explore(f, *args, argnums=0, **kwargs):
   """Open the Explorer on `f` at `args`.
@@ -354,7 +352,7 @@ class Explorer:
     caption = caption_html(self._shown(report), report.lowering, _panels.device_text(report),
                            'residuals')
     self._residuals_shown, chart = report, ''
-    if self.tabs.selected_index == _RESIDUALS_TAB:
+    if self._tab_is_open('Residuals'):
       if self._residual_chart[0] is not report:
         self._residual_chart = (report, chart_img(plot_residuals_by_origin(report),
                                                   'residual bytes by origin'))
@@ -366,10 +364,14 @@ class Explorer:
   def _tab_opened(self, change) -> None:
     """The charts of a tab, drawn once it is open: the residual chart of the
     report the table shows (``_render_residuals``), the comparison's."""
-    if change['new'] == _RESIDUALS_TAB and self._residuals_shown is not None:
+    if change['new'] == TABS.index('Residuals') and self._residuals_shown is not None:
       self._render_residuals(self._residuals_shown)
     elif change['new'] == TABS.index('Compare'):
       self._comparison.opened()
+
+  def _tab_is_open(self, title: str) -> bool:
+    """Whether the tab of that title (one of ``TABS``) is the one shown."""
+    return self.tabs.selected_index == TABS.index(title)
 
   def _costs_html(self, fn, label, policy, lowering, report) -> tuple[str, dict]:
     """On a worker: compile `fn` under `policy` and under no remat; the
