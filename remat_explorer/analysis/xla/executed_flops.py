@@ -75,6 +75,11 @@ def executed_flops(module: HloModule, device,
   counter = _Counter(module, device)
   if module_flops is not None and not counter.loops_or_branches(module.entry):
     return ExecutedFlops(float(round(module_flops)), float(round(module_flops)), 0, 0)
+  if module_flops is not None and device.platform == 'cpu':
+    # The CPU's count of its own module is the entry's count: the whole
+    # module's text need not be parsed and counted again. (A TPU's count
+    # is XLA:TPU's, its computations' the CPU's: the two are not mixed.)
+    counter.counted[module.entry] = float(module_flops)
   if counter.xla(module.entry) is None:
     return None
   high, low = counter.executed(module.entry)
@@ -91,6 +96,10 @@ class _Counter:
     self.runs: dict[str, tuple[float, float]] = {}
     self.branching: dict[str, bool] = {}
     self.loops = self.unknown = 0
+    # Only a GPU's modules call cuBLAS or cuDNN; most modules are read
+    # without visiting their computations for such calls.
+    self.calls_libraries = ('__cublas' in module.text or '__cudnn' in module.text
+                            or not module.text)
 
   def xla(self, name: str) -> float | None:
     """XLA's cost analysis of computation `name` as a module's entry."""
@@ -104,6 +113,8 @@ class _Counter:
     """FLOPs of the cuBLAS and cuDNN calls computation `name` runs, visited
     as XLA's cost analysis visits computations: fusions, calls, a loop's
     body and condition once each, a conditional's costliest branch."""
+    if not self.calls_libraries:
+      return 0.0
     if name not in self.library:
       self.library[name] = 0.0  # a module's calls form no cycle
       instructions = self.module.computations.get(name, [])
