@@ -203,7 +203,15 @@ they compile 12% apart, and moved the example convnet from its compiled
 peak to 3.4% over; one that had the value die with the reduction,
 computed again in its other readers as XLA compiles it, left the
 channels-first convnet where it was (the late sum not modelled) and the
-example convnet 3.4% over: neither kept.
+example convnet 3.4% over: neither kept. (The first, with a layout copy
+counted as a reader of the value it copies, as XLA's fusion sees it,
+leaves the example convnet at its compiled peak and brings the
+channels-first one within 0.4% without remat and under ``dots_saveable``
+and ``everything_saveable``, but still gives no remat and
+``nothing_saveable`` one figure: under ``nothing_saveable`` XLA also
+keeps the last block's forward ``y`` into the backward pass, where the
+loss's gradient computes ``relu(y)`` again from it, while the rule has
+the gradient read the value made apart.)
 Nor is where XLA:CPU schedules a loss's gradient seed. In Flax BERT the
 scatter that ``take_along_axis``'s gradient makes (``f32[8,256,8192]``,
 64 MiB) reads only the token ids and a constant, and XLA:CPU makes it at
