@@ -21,7 +21,6 @@ only the finalists are compiled, the answer among them.
 from __future__ import annotations
 
 import concurrent.futures
-import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -30,6 +29,10 @@ import numpy as np
 from remat_explorer.analysis.split.analyze import analyze
 from remat_explorer.analysis.policies.chosen_policy import SaveChosen
 from remat_explorer.analysis.policies.policy_source import policy_source
+from remat_explorer.analysis.tradeoffs.budget import (NothingCompiled, check_budget_type,
+                                                      resolve_budget)
+from remat_explorer.analysis.tradeoffs.calibration import (calibrated, flops_error, may_fit,
+                                                           ranked_flops)
 from remat_explorer.analysis.tradeoffs.save_units import greedy_units, policy_of, user_sites
 from remat_explorer.analysis.tradeoffs.compare import COMPILES_AT_ONCE, builtin_policies
 from remat_explorer.analysis.tradeoffs.rows import AS_WRITTEN, AS_WRITTEN_NO_REMAT, NO_REMAT_LABEL
@@ -166,7 +169,7 @@ def search_policy(f, *args, memory_budget: int | float | str, argnums=0,
   check_keywords(search_policy, f, kwargs, memory_budget=memory_budget, argnums=argnums,
                  has_aux=has_aux, lowering=lowering, progress=progress,
                  rank_by_estimate=rank_by_estimate)
-  _check_budget_type(memory_budget)
+  check_budget_type(memory_budget)
   if not isinstance(rank_by_estimate, bool):
     raise TypeError(f'rank_by_estimate must be True or False, got {rank_by_estimate!r}.')
   run = _Runner(f, args, kwargs, argnums, has_aux, lowering, progress)
@@ -192,7 +195,7 @@ def _search(run, memory_budget, rank_by_estimate) -> SearchResult:
   for i, (label, policy) in enumerate(policies.items()):
     run.say(i, len(policies), f'compiling {label}')
     builtins[label] = run.evaluate(label, policy)
-  budget = _resolve_budget(memory_budget, builtins)
+  budget = resolve_budget(memory_budget, builtins)
   # The program as written and without remat are answers too: a search
   # never returns a policy that either of them beats on both peak and FLOPs.
   own = {}
@@ -212,81 +215,6 @@ def _own_rows(run) -> dict[str, Any]:
   if run.report(None).blocks:
     return {AS_WRITTEN: None, NO_REMAT_LABEL: NO_REMAT}
   return {AS_WRITTEN_NO_REMAT: None}
-
-
-_SHARE = re.compile(r'\s*(\d+(?:\.\d*)?)\s*%\s*')
-
-
-def _device_share(memory_budget: str) -> float:
-  """``"90%"`` -> 0.9."""
-  m = _SHARE.fullmatch(memory_budget)
-  if m is None or not 0 < float(m.group(1)) <= 100:
-    raise ValueError(f'memory_budget={memory_budget!r} as a share of the device\'s memory '
-                     'must be a percentage above 0 and at most 100, such as "90%".')
-  return float(m.group(1)) / 100
-
-
-def _check_budget_type(memory_budget) -> None:
-  if isinstance(memory_budget, str):
-    _device_share(memory_budget)
-    return
-  if isinstance(memory_budget, bool) or not isinstance(memory_budget, (int, float)):
-    raise TypeError(
-        f'memory_budget must be bytes (an int), a fraction (a float between '
-        f'0.0 and 1.0) or a share of the device\'s memory ("90%"), got '
-        f'{type(memory_budget).__name__} {memory_budget!r}.')
-  if isinstance(memory_budget, float) and not 0.0 <= memory_budget <= 1.0:
-    raise ValueError(
-        f'memory_budget={memory_budget} as a fraction must lie between 0.0 (the '
-        'peak of nothing_saveable) and 1.0 (that of everything_saveable); pass '
-        'an int for a budget in bytes.')
-  if isinstance(memory_budget, int) and memory_budget <= 0:
-    raise ValueError(f'memory_budget={memory_budget} bytes must be positive.')
-
-
-def _resolve_budget(memory_budget, builtins, floor=None) -> int:
-  """The budget in bytes; `builtins` holds nothing_saveable's and
-  everything_saveable's compiled (costs, report) for a fraction, `floor`
-  the step's argument and output bytes where nothing_saveable's is not."""
-  if isinstance(memory_budget, int):
-    nothing = builtins.get('nothing_saveable', (None,))[0]
-    if floor is None and nothing is not None and not nothing.failed:
-      floor = nothing.argument_bytes + nothing.output_bytes
-    if floor is not None and memory_budget < floor:
-      raise ValueError(
-          f'memory_budget={memory_budget} is bytes, fewer than the step\'s '
-          f'arguments and outputs alone take ({floor:,} bytes), so no policy '
-          'can fit it. For a fraction of the way from nothing_saveable to '
-          'everything_saveable pass a float (memory_budget=1.0, 0.5, ...).')
-    return memory_budget
-  if isinstance(memory_budget, str):
-    costs = builtins['nothing_saveable'][0]
-    if not costs.device_memory_bytes:
-      raise ValueError(
-          f'memory_budget={memory_budget!r} is a share of the device\'s memory, and the '
-          f'memory of {costs.device_kind!r} ({costs.platform}) is not known; pass '
-          'bytes, or compile for a GPU or TPU (target_mesh).')
-    return int(_device_share(memory_budget) * costs.device_memory_bytes)
-  ends = [label for label in ('nothing_saveable', 'everything_saveable')
-          if builtins[label][0].failed]
-  if ends:
-    costs = builtins[ends[0]][0]
-    what = ('refused it for the device\'s memory; pass bytes (an int) or a share of '
-            'the device\'s memory ("90%") instead' if costs.refused_for_memory
-            else 'failed on it')
-    raise NothingCompiled(
-        f'memory_budget={memory_budget} is a fraction of the way from nothing_saveable\'s '
-        f'compiled peak to everything_saveable\'s, and XLA {what}. On {ends[0]}: '
-        f'{costs.error_line}')
-  low = builtins['nothing_saveable'][0].peak_bytes
-  high = builtins['everything_saveable'][0].peak_bytes
-  return int(low + memory_budget * (high - low))
-
-
-class NothingCompiled(RuntimeError):
-  """``search_policy`` has no answer: XLA compiled none of its candidates
-  (or not the built-ins a fractional budget is measured between), for a
-  reason other than memory. The message is XLA's first line."""
 
 
 class _Runner:
@@ -356,7 +284,7 @@ class _Runner:
     """The answer among the compiled candidates `evaluated`; `estimated`:
     the others, as Candidates of estimated figures."""
     candidates = tuple(
-        Candidate(label, c.peak_bytes, _executed(c, r),
+        Candidate(label, c.peak_bytes, ranked_flops(c, r),
                   fits=not c.failed and c.peak_bytes <= budget)
         for label, (c, r) in evaluated.items())
     fitting = [c for c in candidates if c.fits]
@@ -399,13 +327,13 @@ def _search_by_estimate(run: _Runner, names, policies, memory_budget) -> SearchR
     for label in ('nothing_saveable', 'everything_saveable'):
       run.say(0, None, f'compiling {label}')
       compiled[label] = run.evaluate(label, policies[label])
-  budget = _resolve_budget(memory_budget, compiled, floor=None if compiled else
+  budget = resolve_budget(memory_budget, compiled, floor=None if compiled else
                            nothing.argument_bytes + nothing.output_bytes)
-  predict = _calibrated(estimates, compiled)
+  predict = calibrated(estimates, compiled)
   base_report = run.report(policies['nothing_saveable'])
   units = greedy_units(run, base_report, names, lambda units: predict(
       run.estimate(repr(policy_of(units)), policy_of(units)).peak_bytes) <= budget,
-      min_saved_flops=_flops_error(estimates, compiled))
+      min_saved_flops=flops_error(estimates, compiled))
   if units:
     policy = policy_of(units, sites=user_sites(base_report, units))
     estimates[repr(policy)] = run.estimate(repr(policy), policy)
@@ -413,11 +341,11 @@ def _search_by_estimate(run: _Runner, names, policies, memory_budget) -> SearchR
   # own error allowed for (a candidate just over the budget by estimate may
   # fit once compiled, and beat one well under it); compiled in turn until
   # the next could not beat the best that fits.
-  may_fit = _may_fit(estimates, compiled, budget)
+  within_reach = may_fit(estimates, compiled, budget)
   rank = lambda label: (estimates[label].flops, estimates[label].peak_bytes,
                         label not in _OWN_LABELS)
   finalists = sorted((label for label, e in estimates.items()
-                      if may_fit(e.peak_bytes)), key=rank)
+                      if within_reach(e.peak_bytes)), key=rank)
   finalists = finalists or [min(estimates, key=lambda label: estimates[label].peak_bytes)]
   best = None
   for label in finalists:
@@ -438,75 +366,12 @@ def _search_by_estimate(run: _Runner, names, policies, memory_budget) -> SearchR
       compiled[label] = known
   # The candidates not compiled, by the estimate calibrated on all that
   # were: a sharded program's figures per device, as the compiled ones are.
-  predict = _calibrated(estimates, compiled)
-  predict_flops = _calibrated(estimates, compiled, flops=True)
+  predict = calibrated(estimates, compiled)
+  predict_flops = calibrated(estimates, compiled, flops=True)
   return run.best(budget, compiled, [
       Candidate(label, round(predict(e.peak_bytes)), predict_flops(e.flops),
                 fits=predict(e.peak_bytes) <= budget, estimated=True)
       for label, e in estimates.items() if label not in compiled])
-
-
-def _compiled_over_estimated(estimates, compiled, flops: bool = False) -> list[float]:
-  """The compiled peak (`flops`: the executed FLOPs) over the estimated
-  one, of each policy both estimated and compiled."""
-  ratios = []
-  for label, (costs, report) in compiled.items():
-    estimate = estimates.get(label)
-    if estimate is None or costs.failed:
-      continue
-    measured, estimated = ((_executed(costs, report), estimate.flops) if flops
-                           else (costs.peak_bytes, estimate.peak_bytes))
-    if estimated:
-      ratios.append(measured / estimated)
-  return ratios
-
-
-def _calibrated(estimates, compiled, flops: bool = False) -> Callable[[float], float]:
-  """Compiled peak (`flops`: executed FLOPs) as a function of the
-  estimated one: the estimate scaled by the mean ratio of the compiled to
-  the estimated figure (the estimate itself where nothing is compiled
-  yet)."""
-  ratios = _compiled_over_estimated(estimates, compiled, flops)
-  ratio = float(np.mean(ratios)) if ratios else 1.0
-  return lambda estimate: estimate * ratio
-
-
-def _flops_error(estimates, compiled) -> float:
-  """The FLOPs by which the estimate may misjudge one policy against
-  another: the spread of compiled-over-estimated FLOPs between the
-  policies compiled, times nothing_saveable's estimated FLOPs (0 where
-  fewer than two are compiled). Saving a value costs its bytes for
-  certain; a saving below this may compile to none, or to more FLOPs, and
-  the answer is then beaten by a built-in that does not save it (the
-  reductions and an ``integer_pow`` of a transformer's softmax and norms,
-  saved beside its dots, compile over ``dots_saveable``'s FLOPs)."""
-  ratios = _compiled_over_estimated(estimates, compiled, flops=True)
-  if len(ratios) < 2:
-    return 0.0
-  return (max(ratios) - min(ratios)) * estimates['nothing_saveable'].flops
-
-
-_SLACK = 0.05
-"""How far over the budget a candidate's estimate may land, at the most
-favourable ratio compiled, and still be compiled: the estimate's error
-between policies the ratios do not show."""
-
-
-def _may_fit(estimates, compiled, budget) -> Callable[[int], bool]:
-  """Whether a candidate's estimated peak may fit once compiled: at the
-  lowest ratio of compiled to estimated peak seen on the policies compiled,
-  it lands within ``_SLACK`` of the budget. (Policies the estimate
-  cannot tell apart can compile to peaks 10% apart, no remat and
-  ``everything_saveable`` among them: a mean ratio would rule out the one
-  that fits.)"""
-  least = min(_compiled_over_estimated(estimates, compiled), default=1.0)
-  return lambda estimate: estimate * least <= budget * (1 + _SLACK)
-
-
-def _executed(costs: CompiledCosts, report: RematReport) -> float:
-  """What the search ranks by: the compiled program's executed FLOPs; the
-  jaxpr's count only where there is no compiled one (a failed compile)."""
-  return costs.executed_flops if costs.executed_flops is not None else report.total_flops
 
 
 def _explain(chosen: Candidate, policy, budget, candidates, fits, refusal='') -> str:
