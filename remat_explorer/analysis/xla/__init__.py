@@ -4,6 +4,8 @@ Above ``split``. ``reader`` is the one reader of XLA's output; every other
 module here consumes the ``CompiledProgram`` it returns.
 
 * ``compiled``: ``compile_costs``, the training step compiled and measured;
+  ``step_compile``: one step's compile under way, and its executable read
+  into figures once XLA is done;
   ``costs``: the ``CompiledCosts`` it gives, as plain data; ``run_times``:
   the step run, timed, and the device's measured peak.
 * ``reader``: ``read_compiled``, the one reader of an executable:
