@@ -2,15 +2,19 @@
 optimization equal a full compile's, field by field; runs are timed on a
 full compile."""
 
+import concurrent.futures
 import dataclasses
+import os
 
 import jax
 import pytest
 
+import remat_explorer as rx
 from remat_explorer import examples
 from remat_explorer.analysis import LOWERINGS, compile_costs
 from remat_explorer.analysis.tradeoffs.compare import builtin_policies
 from remat_explorer.analysis.xla.compiled import analysis_compiler_options
+from remat_explorer.analysis.xla.kernel_cache import kernel_cache_options
 from remat_explorer.analysis.context import compiles_run
 
 # Small sizes: each case compiles the same step twice.
@@ -107,3 +111,39 @@ def test_the_options_given_are_a_copy():
   options = analysis_compiler_options('cpu')
   options['xla_backend_optimization_level'] = 3
   assert analysis_compiler_options('cpu') == {'xla_backend_optimization_level': 0}
+
+
+def _on_one_h100(tree):
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  mesh = rx.target_mesh('h100')
+  return jax.tree.map(lambda a: jax.ShapeDtypeStruct(
+      a.shape, a.dtype, sharding=NamedSharding(mesh, P())) if hasattr(a, 'shape') else a, tree)
+
+
+def test_a_compile_only_gpu_reuses_its_kernels_and_gives_a_full_compiles_figures():
+  """On a compile-only H100 an analysis compile hands XLA this thread's
+  kernel cache (``kernel_cache.py``): each policy's compile adds to it only
+  the kernels the policies before did not make, and every figure equals
+  that of a compile made without it."""
+  loss, args = _build('transformer_scan', seed=5)
+  args = _on_one_h100(args)
+  cache = kernel_cache_options()['xla_gpu_kernel_cache_file']
+  policies = builtin_policies(NAMES['transformer_scan'])
+  grown = []
+  for policy in ('nothing_saveable', 'dots_saveable', 'everything_saveable'):
+    before = os.path.getsize(cache) if os.path.exists(cache) else 0
+    analysed = compile_costs(loss, *args, policy=policies[policy])
+    grown.append(os.path.getsize(cache) - before)
+    full = compile_costs(loss, *args, policy=policies[policy], compiler_options={})
+    assert analysed.analysis_compile and not full.analysis_compile
+    assert not analysed.failed and not full.failed and analysed.platform == 'gpu'
+    assert _figures(analysed) == _figures(full)
+    assert analysed.buffer_assignment_proto == full.buffer_assignment_proto
+    assert analysed.memory_analysis == full.memory_analysis
+  assert grown[0] > 0 and all(g < grown[0] for g in grown[1:]), grown
+  # XLA rewrites the file unlocked: compiles on other threads (a
+  # comparison's workers) write files of their own.
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    others = {pool.submit(kernel_cache_options).result()['xla_gpu_kernel_cache_file']
+              for _ in range(2)}
+  assert cache not in others

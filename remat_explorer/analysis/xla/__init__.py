@@ -7,7 +7,8 @@ module here consumes the ``CompiledProgram`` it returns.
   ``step_compile``: one step's compile under way, and its executable read
   into figures once XLA is done;
   ``costs``: the ``CompiledCosts`` it gives, as plain data; ``run_times``:
-  the step run, timed, and the device's measured peak.
+  the step run, timed, and the device's measured peak; ``kernel_cache``:
+  the kernels a compile-only GPU's compiles share.
 * ``reader``: ``read_compiled``, the one reader of an executable:
   ``hlo`` (the optimized module's text: instructions in schedule order,
   loops and their trip counts, op metadata), ``buffers`` (XLA's buffer

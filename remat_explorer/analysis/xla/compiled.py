@@ -20,6 +20,7 @@ import time
 
 import jax
 
+from remat_explorer.engine import is_compile_only
 from remat_explorer.analysis.xla.costs import CompiledCosts
 from remat_explorer.analysis.cache import ResultCache
 from remat_explorer.analysis.freed_memory import give_back_freed_memory
@@ -29,6 +30,7 @@ from remat_explorer.analysis.program.step import StepRequest, trace_step
 from remat_explorer.analysis.program.blocks import PolicyChoice
 from remat_explorer.analysis.program.devices import find_placement, target_device
 from remat_explorer.analysis.targets.device_memory import device_memory_bytes
+from remat_explorer.analysis.xla.kernel_cache import kernel_cache_options
 from remat_explorer.analysis.xla.xla_dump import XlaDump
 from remat_explorer.analysis.xla.step_compile import SameProgram, StepCompile, done_with
 from remat_explorer.analysis.xla.hlo import count_matmuls_lowered
@@ -50,8 +52,10 @@ executable once read (``StepCompile.finish``)."""
 # optimization level only affects the machine code LLVM makes from the
 # optimized HLO: the HLO, its schedule, the buffer assignment and so every
 # figure read here are those of a full compile (checked field by field in
-# tests/test_analysis_compile.py), in about two thirds of the time. Other
-# platforms compile as usual until the same check has been made there.
+# tests/test_analysis_compile.py), in about two thirds of the time. A
+# compile-only GPU reuses the kernels its compiles made before
+# (``kernel_cache.py``; checked the same way). Other platforms, a live GPU
+# among them, compile as usual until the same check has been made there.
 _ANALYSIS_OPTIONS = {'cpu': {'xla_backend_optimization_level': 0}}
 
 
@@ -60,6 +64,12 @@ def analysis_compiler_options(platform: str) -> dict | None:
   not run, on `platform`; None where a full compile is made."""
   options = _ANALYSIS_OPTIONS.get(platform)
   return None if options is None else dict(options)
+
+
+def reuses_kernels(device) -> bool:
+  """Whether an analysis compile for `device` takes the kernels its
+  thread compiled before (``kernel_cache.py``): a compile-only GPU's."""
+  return device.platform == 'gpu' and is_compile_only(device)
 
 
 @entry_point
@@ -225,7 +235,8 @@ def start_step_compile(step, leaves, *, function, policy, lowering, donate_argnu
   options = compiler_options
   if options is None and not for_running:
     options = analysis_compiler_options(device.platform)
-  analysis = compiler_options is None and options is not None
+  kernels_reused = compiler_options is None and not for_running and reuses_kernels(device)
+  analysis = compiler_options is None and (options is not None or kernels_reused)
   start = time.perf_counter()
   if isinstance(step, jax.stages.Traced):  # traced already, donations set
     lowered = step.lower()
@@ -276,7 +287,9 @@ def start_step_compile(step, leaves, *, function, policy, lowering, donate_argnu
       return
     try:
       start = time.perf_counter()
-      compiled = lowered.compile(options)
+      # The kernel cache is this thread's: a file no other compile writes.
+      compiled = lowered.compile({**options, **kernel_cache_options()} if kernels_reused
+                                 else options)
       started.compiled.set_result((compiled, time.perf_counter() - start))
     except Exception as e:  # XLA's refusal is the program's result
       started.compiled.set_exception(e)

@@ -100,10 +100,11 @@ class CompiledCosts:
   as the backend reports them."""
   analysis_compile: bool = False
   """True when the figures come from an analysis compile (XLA's HLO passes,
-  buffer assignment and schedule as usual, backend code generation at its
-  lowest optimization level; see ``analysis_compiler_options``): every
-  figure equals a full compile's, in less time. Run times always come from a
-  full compile."""
+  buffer assignment and schedule as usual; on the CPU, backend code
+  generation at its lowest optimization level, see
+  ``analysis_compiler_options``; on a compile-only GPU, the kernels compiled
+  before reused, see ``kernel_cache.py``): every figure equals a full
+  compile's, in less time. Run times always come from a full compile."""
   lower_seconds: float | None = None
   """Lowering the traced step to StableHLO (and tracing it, where the step
   was not traced already: ``compile_costs`` shares one trace of each step
