@@ -14,6 +14,7 @@ from remat_explorer import examples
 from remat_explorer.analysis import LOWERINGS, compile_costs
 from remat_explorer.analysis.tradeoffs.compare import builtin_policies
 from remat_explorer.analysis.xla.compiled import analysis_compiler_options
+from remat_explorer.analysis.xla import kernel_cache
 from remat_explorer.analysis.xla.kernel_cache import kernel_cache_options
 from remat_explorer.analysis.context import compiles_run
 
@@ -120,14 +121,18 @@ def _on_one_h100(tree):
       a.shape, a.dtype, sharding=NamedSharding(mesh, P())) if hasattr(a, 'shape') else a, tree)
 
 
-def test_a_compile_only_gpu_reuses_its_kernels_and_gives_a_full_compiles_figures():
+def test_a_compile_only_gpu_reuses_its_kernels_and_gives_a_full_compiles_figures(
+    monkeypatch, tmp_path):
   """On a compile-only H100 an analysis compile hands XLA this thread's
   kernel cache (``kernel_cache.py``): each policy's compile adds to it only
   the kernels the policies before did not make, and every figure equals
   that of a compile made without it."""
+  # A cache of this test's own, which no earlier compile has filled.
+  monkeypatch.setitem(kernel_cache._directory, os.getpid(), str(tmp_path))
   loss, args = _build('transformer_scan', seed=5)
   args = _on_one_h100(args)
   cache = kernel_cache_options()['xla_gpu_kernel_cache_file']
+  assert not os.path.exists(cache)
   policies = builtin_policies(NAMES['transformer_scan'])
   grown = []
   for policy in ('nothing_saveable', 'dots_saveable', 'everything_saveable'):

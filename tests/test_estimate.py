@@ -24,6 +24,7 @@ from remat_explorer.analysis.context import compiles_run
 from remat_explorer.analysis.split import estimate as estimate_module
 from remat_explorer.analysis.split.backend import GENERIC, backend_of, convolution_operands_to_copy
 from remat_explorer.analysis.split.jaxpr_memory import peak_bytes
+from tests.by_hand import compile_by_hand, step_by_hand
 
 PEAK_TOLERANCE = 0.20
 FLOPS_TOLERANCE = 0.06
@@ -386,7 +387,7 @@ def test_an_estimate_for_a_gpu_follows_the_gpus_schedule(monkeypatch):
                                       seed=31, policy=policy, remat=policy is not None)
     args = _on(mesh, args)
     estimate = estimate_costs(loss, *args)
-    by_hand = jax.jit(jax.value_and_grad(loss)).lower(*args).compile()
+    by_hand = step_by_hand(loss, *args)
     rows[label] = estimate.peak_bytes, by_hand.memory_analysis().peak_memory_in_bytes
     assert estimate.platform == 'gpu'
     assert abs(rows[label][0] / rows[label][1] - 1) <= 0.10, (label, rows[label])
@@ -431,7 +432,7 @@ def test_a_gpu_fusion_writes_apart_from_what_remat_reads_through_its_barrier(
                         ('everything_saveable', cp.everything_saveable)):
     loss, args = build(seed=34, policy=policy, remat=policy is not None)
     args = _on_one_h100(args)
-    by_hand = jax.jit(jax.value_and_grad(loss)).lower(*args).compile()
+    by_hand = step_by_hand(loss, *args)
     clear_caches()
     estimate = estimate_costs(loss, *args).peak_bytes
     # Estimated without the rule only where that figure is checked.
@@ -517,7 +518,7 @@ def test_a_gpu_fuses_the_log_probabilities_a_loss_takes_into_its_gather(monkeypa
   on_cpu = (on_cpu.argument_size_in_bytes + on_cpu.output_size_in_bytes
             + on_cpu.temp_size_in_bytes - on_cpu.alias_size_in_bytes)
   on_h100 = _on_one_h100(args)
-  h100 = step.lower(*on_h100).compile().memory_analysis().peak_memory_in_bytes
+  h100 = compile_by_hand(step, *on_h100).memory_analysis().peak_memory_in_bytes
   assert on_cpu - h100 > 0.9 * logits, (on_cpu, h100)
   clear_caches()
   assert abs(estimate_costs(loss, *args, argnums=(0, 1)).peak_bytes / on_cpu - 1) <= 0.01
@@ -549,7 +550,7 @@ def test_an_estimate_for_a_tpu_stores_values_in_its_tiles(monkeypatch):
     loss, args = examples.convnet(num_blocks=2, channels=16, image_size=16, batch=4, seed=43,
                                   policy=policy, remat=policy is not None)
     args = _on(mesh, args)
-    by_hand = jax.jit(jax.value_and_grad(loss)).lower(*args).compile()
+    by_hand = step_by_hand(loss, *args)
     compiled = by_hand.memory_analysis().peak_memory_in_bytes
     tiled = estimate_costs(loss, *args).peak_bytes
     plain = _estimate_without(monkeypatch, 'stores_in_tiles', loss, args)

@@ -24,6 +24,7 @@ import remat_explorer as rx
 from remat_explorer import examples
 from remat_explorer.analysis.targets import device_memory, gpu_configs
 from remat_explorer.analysis import recompute_eliminated
+from tests.by_hand import step_by_hand
 
 TARGETS = ('v5e:2x2', 'v4:2x2x1', 'h100:8')
 GIB = 1 << 30
@@ -57,10 +58,6 @@ def _replicated(mesh, tree):
   """`tree`'s arrays as abstract arguments replicated over `mesh`."""
   return jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(
       a.shape, a.dtype, sharding=NamedSharding(mesh, P())), tree)
-
-
-def _by_hand(loss, *args, argnums=0):
-  return jax.jit(jax.value_and_grad(loss, argnums=argnums)).lower(*args).compile()
 
 
 # -- targets ---------------------------------------------------------------------
@@ -154,7 +151,7 @@ def test_every_figure_is_xlas_for_the_target(target):
   w, x = _stack(mesh, seed=len(target))
   loss = _loss(rx.checkpoint_policies.nothing_saveable)
   costs = rx.compile_costs(loss, w, x)
-  hand = _by_hand(loss, w, x)
+  hand = step_by_hand(loss, w, x)
   memory = hand.memory_analysis()
   device = mesh.devices.flat[0]
   assert costs.platform == device.platform and costs.platform in ('tpu', 'gpu')
@@ -191,11 +188,11 @@ def test_executed_flops_count_every_trip_of_every_loop(target):
   rolled = rx.compile_costs(_loss(), w, x, argnums=(0, 1))
   unrolled = rx.compile_costs(_loss(unroll=True), w, x, argnums=(0, 1))
   assert rolled.loops_of_unknown_trip_count == 0
-  hand_unrolled = _by_hand(_loss(unroll=True), w, x, argnums=(0, 1))
+  hand_unrolled = step_by_hand(_loss(unroll=True), w, x, argnums=(0, 1))
   xla = hand_unrolled.cost_analysis()
   if target.startswith('v'):
     reference = xla['flops']
-    hand_rolled = _by_hand(_loss(), w, x, argnums=(0, 1)).cost_analysis()['flops']
+    hand_rolled = step_by_hand(_loss(), w, x, argnums=(0, 1)).cost_analysis()['flops']
     assert rolled.xla_flops == hand_rolled  # each loop body once, as XLA counts
     assert rolled.executed_flops > 2 * hand_rolled  # three trips of the bodies
   else:
@@ -260,7 +257,7 @@ def test_the_timeline_follows_the_tpus_on_chip_heap_where_xla_does():
   w, x = _stack(mesh, layers=4, batch=16, seq=64, width=256)
   loss = _loss(rx.checkpoint_policies.everything_saveable)
   costs = rx.compile_costs(loss, w, x)
-  xla = _by_hand(loss, w, x).memory_analysis().peak_memory_in_bytes
+  xla = step_by_hand(loss, w, x).memory_analysis().peak_memory_in_bytes
   assert costs.timeline.peak_memory == 'on-chip'
   assert costs.timeline.peak_bytes == pytest.approx(xla, rel=0.01)
   report = rx.analyze(loss, w, x)
@@ -477,7 +474,7 @@ def test_a_concrete_array_beside_a_targets_arguments_goes_to_the_target():
   x = jax.ShapeDtypeStruct((64, 256), jnp.float32, sharding=NamedSharding(mesh, P('data')))
   loss = lambda w, x: jnp.mean(jnp.tanh(x @ w) ** 2)
   costs = rx.compile_costs(loss, w, x)
-  by_hand = _by_hand(loss, w, x)
+  by_hand = step_by_hand(loss, w, x)
   assert (costs.platform, costs.device_kind) == ('gpu', 'NVIDIA H100 80GB HBM3'), costs.device_kind
   assert costs.num_devices == 8 and costs.fits is True
   assert costs.peak_bytes == by_hand.memory_analysis().peak_memory_in_bytes
@@ -512,7 +509,7 @@ def test_a_one_device_target_is_analyzed_without_a_compile():
       (r.per_device_shape, r.per_device_bytes) == (r.shape, r.bytes) for r in report.residuals)
   assert {r.sharding for r in report.residuals} == {'replicated'}
   # What the partitioner says of the same step compiled by hand.
-  compiled = _by_hand(loss, w, x)
+  compiled = step_by_hand(loss, w, x)
   assert all(s.is_fully_replicated for s in jax.tree_util.tree_leaves(compiled.output_shardings))
 
 
@@ -562,9 +559,9 @@ def test_convolutions_a_gpu_hands_to_cudnn_count_as_the_convolutions_they_are():
                                 policy=rx.checkpoint_policies.everything_saveable)
   on_h100 = _replicated(rx.target_mesh('h100'), args)
   on_gpu = rx.compile_costs(loss, *on_h100)
-  hlo = _by_hand(loss, *on_h100).as_text()
+  hlo = step_by_hand(loss, *on_h100).as_text()
   assert len(re.findall(r'custom_call_target="__cudnn\$conv', hlo)) >= 3
-  by_cpu = _by_hand(loss, *args).cost_analysis()['flops']  # no loops: XLA's count
+  by_cpu = step_by_hand(loss, *args).cost_analysis()['flops']  # no loops: XLA's count
   assert abs(on_gpu.executed_flops / by_cpu - 1) <= 0.03, (on_gpu.executed_flops, by_cpu)
   jaxpr = rx.analyze(loss, *args).total_flops
   assert abs(on_gpu.executed_flops / jaxpr - 1) <= 0.03, (on_gpu.executed_flops, jaxpr)
