@@ -9,7 +9,6 @@ import os
 import jax
 import pytest
 
-import remat_explorer as rx
 from remat_explorer import examples
 from remat_explorer.analysis import LOWERINGS, compile_costs
 from remat_explorer.analysis.tradeoffs.compare import builtin_policies
@@ -17,6 +16,7 @@ from remat_explorer.analysis.xla.compiled import analysis_compiler_options
 from remat_explorer.analysis.xla import kernel_cache
 from remat_explorer.analysis.xla.kernel_cache import kernel_cache_options
 from remat_explorer.analysis.context import compiles_run
+from tests.on_target import on_one_h100
 
 # Small sizes: each case compiles the same step twice.
 SIZES = {
@@ -114,13 +114,6 @@ def test_the_options_given_are_a_copy():
   assert analysis_compiler_options('cpu') == {'xla_backend_optimization_level': 0}
 
 
-def _on_one_h100(tree):
-  from jax.sharding import NamedSharding, PartitionSpec as P
-  mesh = rx.target_mesh('h100')
-  return jax.tree.map(lambda a: jax.ShapeDtypeStruct(
-      a.shape, a.dtype, sharding=NamedSharding(mesh, P())) if hasattr(a, 'shape') else a, tree)
-
-
 def test_a_compile_only_gpu_reuses_its_kernels_and_gives_a_full_compiles_figures(
     monkeypatch, tmp_path):
   """On a compile-only H100 an analysis compile hands XLA this thread's
@@ -130,7 +123,7 @@ def test_a_compile_only_gpu_reuses_its_kernels_and_gives_a_full_compiles_figures
   # A cache of this test's own, which no earlier compile has filled.
   monkeypatch.setitem(kernel_cache._directory, os.getpid(), str(tmp_path))
   loss, args = _build('transformer_scan', seed=5)
-  args = _on_one_h100(args)
+  args = on_one_h100(args)
   cache = kernel_cache_options()['xla_gpu_kernel_cache_file']
   assert not os.path.exists(cache)
   policies = builtin_policies(NAMES['transformer_scan'])

@@ -25,6 +25,7 @@ from remat_explorer import examples
 from remat_explorer.analysis.targets import device_memory, gpu_configs
 from remat_explorer.analysis import recompute_eliminated
 from tests.by_hand import step_by_hand
+from tests.on_target import replicated
 
 TARGETS = ('v5e:2x2', 'v4:2x2x1', 'h100:8')
 GIB = 1 << 30
@@ -52,12 +53,6 @@ def _loss(policy=None, unroll=1):
     x, _ = jax.lax.scan(step, x, w, unroll=unroll)
     return jnp.mean(x ** 2)
   return loss
-
-
-def _replicated(mesh, tree):
-  """`tree`'s arrays as abstract arguments replicated over `mesh`."""
-  return jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(
-      a.shape, a.dtype, sharding=NamedSharding(mesh, P())), tree)
 
 
 # -- targets ---------------------------------------------------------------------
@@ -235,7 +230,7 @@ def test_a_gpu_merging_matmuls_is_not_taken_for_a_merged_recompute():
   mesh = rx.target_mesh('h100')
   loss, args = examples.transformer(use_scan=False, num_layers=1, d_model=128, seq_len=128,
                                     batch=2, seed=int(np.random.default_rng(7).integers(1000)))
-  args = _replicated(mesh, args)
+  args = replicated(mesh, args)
   policy = jax.checkpoint_policies.nothing_saveable
   flags = {}
   for lowering in ('barrier', 'none'):
@@ -309,7 +304,7 @@ def test_what_is_live_at_the_peak_is_named_on_the_target(tpu_transformer):
 def test_a_search_budget_may_be_a_share_of_the_devices_memory():
   mesh = rx.target_mesh('a100_40gb')
   loss, args = examples.mlp(num_layers=4, width=256, batch=64, abstract=True)
-  args = _replicated(mesh, args)
+  args = replicated(mesh, args)
   found = rx.search_policy(loss, *args, memory_budget='50%')
   assert found.budget_bytes == 42331013120 // 2
   assert found.fits and found.costs.platform == 'gpu'
@@ -333,7 +328,7 @@ def test_a_search_ranked_by_estimate_takes_a_budget_in_bytes_per_device():
   seed = int(np.random.default_rng(41).integers(1000))
   loss, (params, batch) = examples.mlp(num_layers=4, width=128, batch=8192, seed=seed,
                                        abstract=True)
-  params, batch = _replicated(mesh, params), jax.tree_util.tree_map(
+  params, batch = replicated(mesh, params), jax.tree_util.tree_map(
       lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, P('data'))),
       batch)
   cp = rx.checkpoint_policies
@@ -557,7 +552,7 @@ def test_convolutions_a_gpu_hands_to_cudnn_count_as_the_convolutions_they_are():
   each backward convolution by its own window), and of the jaxpr's."""
   loss, args = examples.convnet(num_blocks=2, channels=8, image_size=16, batch=4, seed=41,
                                 policy=rx.checkpoint_policies.everything_saveable)
-  on_h100 = _replicated(rx.target_mesh('h100'), args)
+  on_h100 = replicated(rx.target_mesh('h100'), args)
   on_gpu = rx.compile_costs(loss, *on_h100)
   hlo = step_by_hand(loss, *on_h100).as_text()
   assert len(re.findall(r'custom_call_target="__cudnn\$conv', hlo)) >= 3
