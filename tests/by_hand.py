@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import jax
 
-from remat_explorer.analysis.xla.compiled import reuses_kernels
-from remat_explorer.analysis.xla.kernel_cache import kernel_cache_options
+from remat_explorer.analysis.xla.kernel_cache import kernel_cache_options, reuses_kernels
 
 
 def compile_by_hand(function, *args):

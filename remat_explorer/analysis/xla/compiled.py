@@ -20,7 +20,6 @@ import time
 
 import jax
 
-from remat_explorer.engine import is_compile_only
 from remat_explorer.analysis.xla.costs import CompiledCosts
 from remat_explorer.analysis.cache import ResultCache
 from remat_explorer.analysis.freed_memory import give_back_freed_memory
@@ -30,7 +29,7 @@ from remat_explorer.analysis.program.step import StepRequest, trace_step
 from remat_explorer.analysis.program.blocks import PolicyChoice
 from remat_explorer.analysis.program.devices import find_placement, target_device
 from remat_explorer.analysis.targets.device_memory import device_memory_bytes
-from remat_explorer.analysis.xla.kernel_cache import kernel_cache_options
+from remat_explorer.analysis.xla.kernel_cache import kernel_cache_options, reuses_kernels
 from remat_explorer.analysis.xla.xla_dump import XlaDump
 from remat_explorer.analysis.xla.step_compile import SameProgram, StepCompile, done_with
 from remat_explorer.analysis.xla.hlo import count_matmuls_lowered
@@ -64,12 +63,6 @@ def analysis_compiler_options(platform: str) -> dict | None:
   not run, on `platform`; None where a full compile is made."""
   options = _ANALYSIS_OPTIONS.get(platform)
   return None if options is None else dict(options)
-
-
-def reuses_kernels(device) -> bool:
-  """Whether an analysis compile for `device` takes the kernels its
-  thread compiled before (``kernel_cache.py``): a compile-only GPU's."""
-  return device.platform == 'gpu' and is_compile_only(device)
 
 
 @entry_point

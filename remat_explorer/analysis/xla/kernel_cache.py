@@ -25,8 +25,17 @@ import shutil
 import tempfile
 import threading
 
+from remat_explorer.engine import is_compile_only
+
 _directory: dict[int, str] = {}  # process id -> its directory
 _lock = threading.Lock()
+
+
+def reuses_kernels(device) -> bool:
+  """Whether an analysis compile for `device` takes the kernels its
+  thread compiled before: a compile-only GPU's (a live GPU compiles as
+  usual until the same check has been made on one)."""
+  return device.platform == 'gpu' and is_compile_only(device)
 
 
 def kernel_cache_options() -> dict:
