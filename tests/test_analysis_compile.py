@@ -5,6 +5,9 @@ full compile."""
 import concurrent.futures
 import dataclasses
 import os
+import signal
+import subprocess
+import sys
 
 import jax
 import pytest
@@ -145,3 +148,35 @@ def test_a_compile_only_gpu_reuses_its_kernels_and_gives_a_full_compiles_figures
     others = {pool.submit(kernel_cache_options).result()['xla_gpu_kernel_cache_file']
               for _ in range(2)}
   assert cache not in others
+
+
+# A process that makes its kernel directory, says where, and lives until its
+# input ends.
+_MAKES_ITS_KERNEL_DIRECTORY = """
+import os, sys
+from remat_explorer.analysis.xla.kernel_cache import kernel_cache_options
+print(os.path.dirname(kernel_cache_options()['xla_gpu_kernel_cache_file']), flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_kernel_directory_left_by_a_killed_process_is_removed_by_the_next(tmp_path):
+  """A process killed before its exit handlers run (a notebook kernel shut
+  down at once) leaves its kernel directory; the next process to make one
+  removes it, and leaves that of a process still alive."""
+  def start():
+    return subprocess.Popen([sys.executable, '-c', _MAKES_ITS_KERNEL_DIRECTORY],
+                            env={**os.environ, 'TMPDIR': str(tmp_path)}, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+  killed, alive = start(), start()
+  killed_directory, alive_directory = killed.stdout.readline().strip(), alive.stdout.readline().strip()
+  killed.send_signal(signal.SIGKILL)
+  killed.wait()
+  assert os.path.isdir(killed_directory)  # no exit handler ran
+  next_one = start()
+  next_directory, _ = next_one.communicate('')
+  assert not os.path.exists(killed_directory)
+  assert os.path.isdir(alive_directory)
+  assert not os.path.exists(next_directory.strip())  # removed at its exit
+  alive.communicate('')
+  assert not os.listdir(tmp_path)

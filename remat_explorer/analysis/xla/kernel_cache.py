@@ -14,12 +14,18 @@ without the file).
 XLA reads and rewrites the file with no lock, and fails a compile that
 adds a kernel under a name another writer added meanwhile. So each
 compiling thread of each process has a file of its own, in a directory of
-the process that is removed at exit.
+the process that is removed at exit. A process killed before its exit
+handlers run (a notebook kernel shut down at once, one the system ends
+for memory) cannot remove its own: each directory holds a file its
+process keeps locked while it lives, and the next process to make a
+directory removes those whose lock is free (the system frees it when the
+process ends, however it ends).
 """
 
 from __future__ import annotations
 
 import atexit
+import glob
 import os
 import shutil
 import tempfile
@@ -27,7 +33,10 @@ import threading
 
 from remat_explorer.engine import is_compile_only
 
+_PREFIX = 'remat_explorer_kernels_'
+_HOLDER = 'in-use'
 _directory: dict[int, str] = {}  # process id -> its directory
+_holders = {}  # process id -> the open file it keeps locked
 _lock = threading.Lock()
 
 
@@ -49,6 +58,33 @@ def _process_directory() -> str:
   pid = os.getpid()  # a forked child makes a directory of its own
   with _lock:
     if pid not in _directory:
-      _directory[pid] = tempfile.mkdtemp(prefix='remat_explorer_kernels_')
+      _remove_abandoned(tempfile.gettempdir())
+      _directory[pid], _holders[pid] = _locked_directory(tempfile.gettempdir())
       atexit.register(shutil.rmtree, _directory[pid], True)
     return _directory[pid]
+
+
+def _locked_directory(parent: str):
+  """A new directory under `parent` and its holder file, locked. It is made
+  under a hidden name and takes its own only once locked, so no other
+  process sees it unlocked."""
+  import fcntl  # compile-only GPUs come with the CUDA plugin: Linux only
+  staging = tempfile.mkdtemp(prefix='.' + _PREFIX, dir=parent)
+  holder = open(os.path.join(staging, _HOLDER), 'w')
+  fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  path = os.path.join(parent, os.path.basename(staging)[1:])
+  os.rename(staging, path)
+  return path, holder
+
+
+def _remove_abandoned(parent: str) -> None:
+  """Removes the kernel directories under `parent` whose process has ended
+  (their holder file is no longer locked)."""
+  import fcntl
+  for path in glob.glob(os.path.join(parent, _PREFIX + '*')):
+    try:
+      with open(os.path.join(path, _HOLDER)) as holder:
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        shutil.rmtree(path, ignore_errors=True)
+    except OSError:  # held by a live process, or not ours to open
+      continue
