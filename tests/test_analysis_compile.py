@@ -131,7 +131,9 @@ def test_a_compile_only_gpu_reuses_its_kernels_and_gives_a_full_compiles_figures
   assert not os.path.exists(cache)
   policies = builtin_policies(NAMES['transformer_scan'])
   grown = []
-  for policy in ('nothing_saveable', 'dots_saveable', 'everything_saveable'):
+  # Two policies whose kernels differ most: one recomputes every value the
+  # backward pass reads, the other saves every one.
+  for policy in ('nothing_saveable', 'everything_saveable'):
     before = os.path.getsize(cache) if os.path.exists(cache) else 0
     analysed = compile_costs(loss, *args, policy=policies[policy])
     grown.append(os.path.getsize(cache) - before)
@@ -141,7 +143,7 @@ def test_a_compile_only_gpu_reuses_its_kernels_and_gives_a_full_compiles_figures
     assert _figures(analysed) == _figures(full)
     assert analysed.buffer_assignment_proto == full.buffer_assignment_proto
     assert analysed.memory_analysis == full.memory_analysis
-  assert grown[0] > 0 and all(g < grown[0] for g in grown[1:]), grown
+  assert 0 < grown[1] < grown[0], grown
   # XLA rewrites the file unlocked: compiles on other threads (a
   # comparison's workers) write files of their own.
   with concurrent.futures.ThreadPoolExecutor(2) as pool:
