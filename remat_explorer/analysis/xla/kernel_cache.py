@@ -36,7 +36,7 @@ from remat_explorer.engine import is_compile_only
 _PREFIX = 'remat_explorer_kernels_'
 _HOLDER = 'in-use'
 _directory: dict[int, str] = {}  # process id -> its directory
-_holders = {}  # process id -> the open file it keeps locked
+_holders = {}  # process id -> its holder file, open (closing it frees the lock)
 _lock = threading.Lock()
 
 
