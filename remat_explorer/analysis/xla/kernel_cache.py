@@ -36,7 +36,6 @@ from remat_explorer.engine import is_compile_only
 _PREFIX = 'remat_explorer_kernels_'
 _HOLDER = 'in-use'
 _directory: dict[int, str] = {}  # process id -> its directory
-_holders = {}  # process id -> its holder file, open (closing it frees the lock)
 _lock = threading.Lock()
 
 
@@ -59,8 +58,10 @@ def _process_directory() -> str:
   with _lock:
     if pid not in _directory:
       _remove_abandoned(tempfile.gettempdir())
-      _directory[pid], _holders[pid] = _locked_directory(tempfile.gettempdir())
-      atexit.register(shutil.rmtree, _directory[pid], True)
+      _directory[pid], holder = _locked_directory(tempfile.gettempdir())
+      # The exit handler holds the holder file open, and so locked, until
+      # the process ends.
+      atexit.register(_remove_own, _directory[pid], holder)
     return _directory[pid]
 
 
@@ -75,6 +76,11 @@ def _locked_directory(parent: str):
   path = os.path.join(parent, os.path.basename(staging)[1:])
   os.rename(staging, path)
   return path, holder
+
+
+def _remove_own(path: str, holder) -> None:
+  shutil.rmtree(path, ignore_errors=True)
+  holder.close()
 
 
 def _remove_abandoned(parent: str) -> None:
