@@ -122,3 +122,34 @@ def test_a_search_where_xla_compiles_nothing_says_xlas_reason(memory_budget, ran
   note = row_note(row)
   assert 'remat_explorer_unregistered_kernel' in note and '%dot' not in note
   assert '\n' not in note and note.endswith(' …')
+
+
+def test_views_show_xlas_first_line_and_fold_the_rest():
+  """The Explorer's Costs tab, its snapshot and the HTML report say a failed
+  compile as XLA's first line, and fold the rest of its message (a page of
+  HLO, as XLA:GPU's Triton tiling quotes) beneath it, escaped, rather than
+  printing it all as the error."""
+  import dataclasses
+  import re
+  from remat_explorer.viz.html.html_report import report_html
+  from remat_explorer.viz.html.snapshot import snapshot_html
+  from remat_explorer.viz.widget._panels import costs_html
+  comparison = compare(_loss_xla_cannot_compile, *_args(5), policies=['nothing_saveable'])
+  row = comparison.row('nothing_saveable')
+  assert row.failed and row.report is not None  # lowered and analyzed; XLA refused it
+  costs = dataclasses.replace(row.costs, error=row.costs.error + (
+      '\n\t%dot.1134 = f32[1500,256]{1,0} dot(%bitcast.1276, %parameter_1.7)'
+      '\n\t<script>alert(1)</script>'))
+  comparison = dataclasses.replace(comparison, rows=tuple(
+      dataclasses.replace(r, costs=costs) for r in comparison.rows))
+  views = {'costs tab': costs_html(row.label, row.report.lowering, costs, None, row.report),
+           'snapshot': snapshot_html(costs=costs, report=row.report),
+           'report': report_html(comparison, row.report)}
+  for view, html in views.items():
+    errors = re.findall(r'<p class="error"[^>]*>(.*?)</p>', html, re.S)
+    assert errors and all('\n' not in e and '%dot' not in e for e in errors), view
+    assert all('remat_explorer_unregistered_kernel' in e and e.endswith(' …')
+               for e in errors), view
+    folded = re.findall(r'<details class="remat-error-message">.*?</details>', html, re.S)
+    assert len(folded) == len(errors) and all('%dot.1134' in d for d in folded), view
+    assert '<script>alert' not in html and '&lt;script&gt;alert' in html, view

@@ -37,3 +37,16 @@ def error_html(message: str) -> str:
   """One paragraph; its colour inline, since a sanitized snapshot keeps no
   style sheet."""
   return f'<p class="error" style="color:#b00020">{html_text(message)}</p>'
+
+
+def compile_error_html(costs, what: str = 'Compile failed') -> str:
+  """A failed compile: XLA's first line as the error, and its whole
+  message folded beneath it where there is more (XLA:TPU's out-of-memory
+  report lists its buffers, XLA:GPU's can quote pages of HLO)."""
+  whole = (costs.error or '').strip()
+  shown = error_html(f'{what}: {costs.error_line}')
+  if '\n' not in whole:
+    return shown
+  return (shown + '<details class="remat-error-message"><summary>XLA\'s whole message'
+          '</summary><pre style="white-space:pre-wrap;margin:0">'
+          f'{html_text(whole)}</pre></details>')

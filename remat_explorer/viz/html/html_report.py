@@ -20,6 +20,7 @@ from remat_explorer.viz.charts.costs import (plot_memory_breakdown, plot_pareto,
 from remat_explorer.viz.charts.timeline_chart import plot_memory_timeline
 from remat_explorer.viz.charts._figures import chart_img
 from remat_explorer.viz.diagram.render import render_diagram
+from remat_explorer.viz.html.captions import compile_error_html
 from remat_explorer.viz.html.layout_tables import nesting_levels_html, scan_layouts_html
 from remat_explorer.viz.diagram.split_graph import split_graph
 from remat_explorer.viz.html.tables import (TABLE_CSS, comparison_table_html,
@@ -87,6 +88,10 @@ def report_html(comparison, report, *, title: str | None = None,
       'row\'s notes.</p>',
       _summary_html(comparison),
       '<section><h2>Policies compared</h2>', comparison_table_html(comparison),
+      # XLA's message of each compile that failed, its first line shown (the
+      # table's note) and the rest folded: it can run to pages of HLO.
+      *(compile_error_html(r.costs, f'{r.label} did not compile')
+        for r in comparison.rows if r.failed and r.report is not None),
       scan_layouts_html(comparison),
       chart_img(plot_pareto(comparison, selected=selected and selected.label,
                          search_result=search_result), 'Peak memory against FLOPs'),
@@ -159,8 +164,10 @@ def _diagrams_html(comparison, report, selected) -> str:
         + (static_viewer_html(diagram.svg) if diagram.svg else '') + diagram.notes_html
         + '</details>')
   for row in failed:
-    parts.append(f'<p class="note">No diagram for {html_text(row.label)}: '
-                 f'{html_text(row.costs.error or "it was not analyzed")}</p>')
+    parts.append(compile_error_html(row.costs, f'No diagram for {row.label}')
+                 if row.costs.error else
+                 f'<p class="note">No diagram for {html_text(row.label)}: it was not '
+                 'analyzed</p>')
   return ''.join(parts)
 
 
@@ -203,7 +210,7 @@ def _summary_html(comparison) -> str:
 def _figures(row, baseline) -> str:
   """'peak 17.4 MiB (−68% of no remat's), 3.39 GFLOP (+22%)'."""
   if row.failed:
-    return f'did not compile ({html_text(row.costs.error)})'
+    return f'did not compile ({html_text(row.costs.error_line)})'
   text = (f'compiled peak {format_bytes(row.peak_bytes)}, '
           f'{format_flops(row.ranked_flops)} executed')
   if baseline is not None and not baseline.failed and row is not baseline:

@@ -19,8 +19,8 @@ from remat_explorer.viz.charts.timeline_view import timeline_view
 from remat_explorer.viz.diagram.render import render_diagram
 from remat_explorer.viz.diagram.split_graph import split_graph
 from remat_explorer.viz.diagram.viewer import svg_data_uri, svg_img_html
-from remat_explorer.viz.html.captions import (caption_html, device_text, error_html,
-                                              warnings_html)
+from remat_explorer.viz.html.captions import (caption_html, compile_error_html, device_text,
+                                              error_html, warnings_html)
 from remat_explorer.viz.html.tables import (costs_table_html, peak_table_html,
                                             residual_table_html)
 from remat_explorer.viz.html.timeline_html import timeline_svg
@@ -88,7 +88,7 @@ def _costs_html(report, costs, baseline, figures) -> str:
   if costs is None:
     return f'<p class="remat-caption">{html_text(NOT_COMPILED)}</p>'
   if costs.failed:
-    return error_html(f'Compile failed: {costs.error}')
+    return compile_error_html(costs)
   flag, view = figures or compiled_figures(report, costs, baseline)
   parts = ['<div class="remat-costs"><h4>Compiled costs</h4>',
            costs_table_html(costs, baseline), warnings_html([flag] if flag else [])]

@@ -7,8 +7,8 @@ from __future__ import annotations
 from remat_explorer.analysis import error_summary
 # The captions are the snapshot's too (``viz.html.captions``); the
 # Explorer takes them from here.
-from remat_explorer.viz.html.captions import (caption_html, device_text,  # noqa: F401
-                                              error_html, warnings_html)
+from remat_explorer.viz.html.captions import (caption_html, compile_error_html,  # noqa: F401
+                                              device_text, error_html, warnings_html)
 from remat_explorer.viz.charts._figures import chart_img
 from remat_explorer.viz.charts.costs import plot_memory_breakdown, plot_pareto
 from remat_explorer.viz.html.layout_tables import scan_layouts_html
@@ -127,7 +127,7 @@ def costs_html(label, lowering, costs, baseline, report, figures=None) -> str:
   caption = caption_html(label, lowering, f'device {costs.device_kind}'
                          + (f' · peak {share}' if share else ''), 'compiled')
   if costs.failed:
-    return caption + error_html(f'Compile failed: {costs.error}')
+    return caption + compile_error_html(costs)
   flag, view = figures or compiled_figures(report, costs, baseline)
   return (f'<div class="remat-costs">{caption}{costs_table_html(costs, baseline)}'
           + warnings_html([flag] if flag else [])
