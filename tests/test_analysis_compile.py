@@ -182,3 +182,44 @@ def test_a_kernel_directory_left_by_a_killed_process_is_removed_by_the_next(tmp_
   assert not os.path.exists(next_directory.strip())  # removed at its exit
   alive.communicate('')
   assert not os.listdir(tmp_path)
+
+
+# A process with a persistent compilation cache of its own: the explorer's
+# compile of one step for a TPU topology and for an H100, then the same
+# TPU step by hand; the cache's entries are counted after each.
+_COMPILES_FOR_TARGETS_WITH_A_CACHE = """
+import os, jax, jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+import remat_explorer as rx
+
+def loss(w, x):
+  layer = rx.checkpoint(lambda h: jnp.tanh(h @ w))
+  return jnp.sum(layer(layer(x)))
+
+cache = os.environ['JAX_COMPILATION_CACHE_DIR']
+for target in ('v5e:2x2', 'h100'):
+  on = NamedSharding(rx.target_mesh(target), P())
+  w, x = (jax.ShapeDtypeStruct(shape, jnp.float32, sharding=on) for shape in ((64, 64), (8, 64)))
+  costs = rx.compile_costs(loss, w, x)
+  print(target, costs.platform, costs.peak_bytes > 0, len(os.listdir(cache)), flush=True)
+jax.jit(jax.value_and_grad(loss)).lower(*(jax.ShapeDtypeStruct(
+    shape, jnp.float32, sharding=NamedSharding(rx.target_mesh('v5e:2x2'), P()))
+    for shape in ((64, 64), (8, 64)))).compile()
+print('by hand', len(os.listdir(cache)), flush=True)
+"""
+
+
+def test_a_compile_for_a_compile_only_device_writes_nothing_to_jaxs_cache(tmp_path):
+  """An executable compiled for a target's compile-only devices cannot be
+  loaded back from JAX's persistent compilation cache (JAX warns and
+  compiles again; an H100's key names its process's kernel file, so it is
+  never even found): the explorer's compiles for them leave a user's cache
+  as it was, where the same compile by hand writes its entry."""
+  cache = tmp_path / 'cache'
+  env = {**os.environ, 'JAX_COMPILATION_CACHE_DIR': str(cache),
+         'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0',
+         'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES': '0'}
+  done = subprocess.run([sys.executable, '-c', _COMPILES_FOR_TARGETS_WITH_A_CACHE], env=env,
+                        capture_output=True, text=True, timeout=600)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert done.stdout.split('\n')[:3] == ['v5e:2x2 tpu True 0', 'h100 gpu True 0', 'by hand 1']

@@ -34,7 +34,7 @@ from remat_explorer.engine.introspect import (
 from remat_explorer.engine.devices import (
     compile_only_cuda_devices, compile_only_tpu_devices, cuda_plugin_installed,
     gpu_target_config_of, initialize_backends_quietly, is_compile_only,
-    propagated_result_shardings, tpu_support_installed)
+    no_persistent_cache_writes, propagated_result_shardings, tpu_support_installed)
 from remat_explorer.engine.lowering import (DEFAULT_STRATEGY, STRATEGIES, check_strategy,
                                             current_strategy, enclosing_strategy,
                                             lowering_strategy)
@@ -72,5 +72,5 @@ __all__ = [
     # devices
     'compile_only_tpu_devices', 'compile_only_cuda_devices', 'cuda_plugin_installed',
     'tpu_support_installed', 'gpu_target_config_of', 'initialize_backends_quietly',
-    'is_compile_only', 'propagated_result_shardings',
+    'is_compile_only', 'no_persistent_cache_writes', 'propagated_result_shardings',
 ]

@@ -187,6 +187,16 @@ def checks_enabled() -> bool:
   return bool(config.enable_checks.value)
 
 
+def no_persistent_cache_writes():
+  """A context in which this thread's compiles write nothing to JAX's
+  persistent compilation cache. The setting is thread-local; the cache's
+  own switch (``jax_enable_compilation_cache``) is not used, since JAX
+  remembers for the whole process whether the cache is on from the first
+  compile that asks, which may be one made under it. Only the minimum
+  compile time an entry needs is raised, past any compile's."""
+  return config.persistent_cache_min_compile_time_secs(float('inf'))
+
+
 def traced_setting(name: str, values, help: str):
   """A thread-local setting, usable as ``with setting(value):``, that is part
   of the key of JAX's tracing and compilation caches, so that a function

@@ -29,3 +29,12 @@ def cuda_plugin_installed() -> bool:
 def is_compile_only(device) -> bool:
   """Whether `device` can compile but not run programs (a target's)."""
   return type(device.client).__name__ == 'CompileOnlyPyClient'
+
+
+def no_persistent_cache_writes():
+  """A context in which this thread's compiles write nothing to JAX's
+  persistent compilation cache: an executable compiled for a compile-only
+  device cannot be loaded back from it (JAX warns, "PjRtCompiler must be
+  constructed with a Client to call Deserialize", and compiles again), so
+  its entry would only fill the user's cache."""
+  return jx.no_persistent_cache_writes()

@@ -15,11 +15,13 @@ are per device, and its HLO holds the collectives (``collectives.py``).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import hashlib
 import time
 
 import jax
 
+from remat_explorer.engine import is_compile_only, no_persistent_cache_writes
 from remat_explorer.analysis.xla.costs import CompiledCosts
 from remat_explorer.analysis.cache import ResultCache
 from remat_explorer.analysis.freed_memory import give_back_freed_memory
@@ -229,6 +231,10 @@ def start_step_compile(step, leaves, *, function, policy, lowering, donate_argnu
   if options is None and not for_running:
     options = analysis_compiler_options(device.platform)
   kernels_reused = compiler_options is None and not for_running and reuses_kernels(device)
+  # What is compiled for a compile-only device cannot be loaded back from
+  # JAX's persistent compilation cache: nothing of it is written there.
+  cache_writes = (no_persistent_cache_writes if is_compile_only(device)
+                  else contextlib.nullcontext)
   analysis = compiler_options is None and (options is not None or kernels_reused)
   start = time.perf_counter()
   if isinstance(step, jax.stages.Traced):  # traced already, donations set
@@ -281,8 +287,9 @@ def start_step_compile(step, leaves, *, function, policy, lowering, donate_argnu
     try:
       start = time.perf_counter()
       # The kernel cache is this thread's: a file no other compile writes.
-      compiled = lowered.compile({**options, **kernel_cache_options()} if kernels_reused
-                                 else options)
+      with cache_writes():
+        compiled = lowered.compile({**options, **kernel_cache_options()} if kernels_reused
+                                   else options)
       started.compiled.set_result((compiled, time.perf_counter() - start))
     except Exception as e:  # XLA's refusal is the program's result
       started.compiled.set_exception(e)
