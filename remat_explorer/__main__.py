@@ -50,8 +50,7 @@ def _target_problem(args, mesh):
     if set(mesh.axis_names) != set(examples.MESH_AXES):
       raise SystemExit(f'--model {args.model} on a target needs --mesh with the axes data and '
                        f'model (e.g. data={mesh.size},model=1), got {dict(mesh.shape)}')
-    return examples.sharded_transformer(mesh, use_scan=args.model == 'transformer_scan',
-                                        batch=max(8, mesh.shape['data']))
+    return examples.sharded_transformer(mesh, use_scan=args.model == 'transformer_scan')
   if args.fn:
     make = _function_of(args.fn)
     if 'mesh' in inspect.signature(make).parameters:

@@ -399,7 +399,7 @@ def _param_shardings(mesh: Mesh, params: dict, use_scan: bool, fsdp: bool) -> di
 
 
 def sharded_transformer(mesh: Mesh, *, num_layers: int = 2, d_model: int = 64,
-                        num_heads: int = 4, seq_len: int = 32, batch: int = 8,
+                        num_heads: int = 4, seq_len: int = 32, batch: int | None = None,
                         d_ff: int | None = None, use_scan: bool = False,
                         policy: Callable | None = None, remat: bool = True,
                         seed: int = 0, fsdp: bool = False,
@@ -416,6 +416,8 @@ def sharded_transformer(mesh: Mesh, *, num_layers: int = 2, d_model: int = 64,
   seed. Build the mesh with ``data_model_mesh(data, model)``, or over an
   accelerator this machine does not have with ``target_mesh``.
 
+  `batch`: by default as near 8 as the mesh's ``'data'`` axis divides,
+  and at least one sequence per data shard (64 on a ``'data'`` axis of 64).
   `fsdp`: the weights sharded over 'data' too (``_param_shardings``).
   `abstract`: the arguments as ``jax.ShapeDtypeStruct``s carrying their
   shardings, nothing allocated; the default is abstract exactly when the
@@ -431,6 +433,9 @@ def sharded_transformer(mesh: Mesh, *, num_layers: int = 2, d_model: int = 64,
     ((4, 32), (64, 16))
   """
   d_ff = 4 * d_model if d_ff is None else d_ff
+  if batch is None:
+    data = mesh.shape.get('data', 1)
+    batch = data * max(1, 8 // data)
   _check_mesh_fits(mesh, batch=batch, num_heads=num_heads, d_ff=d_ff)
   if d_model % num_heads:
     raise ValueError(f'd_model={d_model} is not divisible by '

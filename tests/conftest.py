@@ -57,8 +57,10 @@ def pytest_unconfigure(config):
 
 
 # Modules whose tests take tens of seconds each (notebooks run in kernels of
-# their own; the sharded checks in a subprocess with 8 host devices).
-SLOW_MODULES = ('test_notebooks.py', 'test_sharded_analysis.py', 'test_search_front.py')
+# their own; the sharded checks in a subprocess with 8 host devices; the
+# README's quick start in a process of its own, compiling for a TPU pod).
+SLOW_MODULES = ('test_notebooks.py', 'test_sharded_analysis.py', 'test_search_front.py',
+                'test_quick_start.py')
 
 
 def _rank(item) -> int:
