@@ -20,6 +20,11 @@ initialize_backends_quietly = jx.initialize_backends_quietly
 gpu_target_config_of = jx.gpu_target_config_of
 tpu_support_installed = jx.tpu_support_installed
 propagated_result_shardings = jx.propagated_result_shardings
+# An executable compiled for a compile-only device cannot be loaded back
+# from JAX's persistent compilation cache (JAX warns, "PjRtCompiler must be
+# constructed with a Client to call Deserialize", and compiles again): its
+# compiles are made under this, so that no entry fills the user's cache.
+no_persistent_cache_writes = jx.no_persistent_cache_writes
 
 
 def cuda_plugin_installed() -> bool:
@@ -29,12 +34,3 @@ def cuda_plugin_installed() -> bool:
 def is_compile_only(device) -> bool:
   """Whether `device` can compile but not run programs (a target's)."""
   return type(device.client).__name__ == 'CompileOnlyPyClient'
-
-
-def no_persistent_cache_writes():
-  """A context in which this thread's compiles write nothing to JAX's
-  persistent compilation cache: an executable compiled for a compile-only
-  device cannot be loaded back from it (JAX warns, "PjRtCompiler must be
-  constructed with a Client to call Deserialize", and compiles again), so
-  its entry would only fill the user's cache."""
-  return jx.no_persistent_cache_writes()
