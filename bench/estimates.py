@@ -120,14 +120,11 @@ def on_target(args, target: str | None):
   where `target` is None)."""
   if target is None:
     return args
-  import jax
   import numpy as np
-  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-  from remat_explorer import target_mesh
+  from jax.sharding import Mesh
+  from remat_explorer import on_target as placed_on, target_mesh
   device = target_mesh(target).devices.flat[0]
-  mesh = Mesh(np.array([device]), ('data',))
-  return jax.tree.map(lambda a: jax.ShapeDtypeStruct(
-      a.shape, a.dtype, sharding=NamedSharding(mesh, P())) if hasattr(a, 'shape') else a, args)
+  return placed_on(args, Mesh(np.array([device]), ('data',)))
 
 
 class FullCollections:

@@ -47,7 +47,6 @@ import traceback
 from pathlib import Path
 
 import jax
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -102,12 +101,6 @@ def _transformer(use_scan: bool, quick: bool, **kwargs):
   return examples.transformer(use_scan=use_scan, **sizes, **kwargs)
 
 
-def _on(mesh, args):
-  """`args` as abstract arguments placed on `mesh` (one device: replicated)."""
-  return jax.tree_util.tree_map(
-      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, P())), args)
-
-
 def live_against_target(live, mesh, quick: bool) -> dict:
   rows = []
   for use_scan in (True, False):
@@ -118,7 +111,7 @@ def live_against_target(live, mesh, quick: bool) -> dict:
       rows.append(row)
       try:
         here = compile_costs(loss_fn, *args, policy=policy)
-        there = (compile_costs(loss_fn, *_on(mesh, args), policy=policy)
+        there = (compile_costs(loss_fn, *rx.on_target(args, mesh), policy=policy)
                  if mesh is not None else None)
       except Exception as e:  # recorded: the other policies still run
         row['error'] = f'{type(e).__name__}: {e}'

@@ -121,11 +121,7 @@ def lm_step(mesh, layers: int, policy=None, remat: bool = True):
                                 sharding=NamedSharding(mesh, P('data', None)))
   shapes = jax.eval_shape(lambda t: model.init(jax.random.key(0), t)['params'], tokens)
 
-  def place(path, leaf):
-    name = '/'.join(str(getattr(k, 'key', k)) for k in path)
-    return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype,
-                                sharding=NamedSharding(mesh, _spec(name, leaf.ndim)))
-  params = jax.tree_util.tree_map_with_path(place, shapes)
+  params = rx.on_target(shapes, mesh, lambda path, leaf: _spec(path, leaf.ndim))
 
   def loss_fn(params, tokens):
     logits = model.apply({'params': params}, tokens)

@@ -12,7 +12,7 @@ from remat_explorer.engine import (Offloadable, Recompute, ScanScheduleCosts,
                                    remat, saved_residuals, scan_schedule_costs)
 from remat_explorer.analysis import (analyze, clear_caches, compare, compile_costs,
                                      estimate_costs, live_at_peak, residuals_at_peak,
-                                     search_policy, target_mesh, register_gpu_target,
+                                     search_policy, target_mesh, on_target, register_gpu_target,
                                      gpu_target_config)
 
 __version__ = '0.1.0'
@@ -23,7 +23,7 @@ __all__ = [
     'Offloadable', 'lowering_strategy', 'checkpointed_scan',
     'scan_schedule_costs', 'ScanScheduleCosts', 'analyze', 'compile_costs',
     'estimate_costs', 'compare', 'search_policy', 'live_at_peak', 'residuals_at_peak', 'clear_caches', 'explore',
-    'target_mesh', 'register_gpu_target', 'gpu_target_config',
+    'target_mesh', 'on_target', 'register_gpu_target', 'gpu_target_config',
     'Explorer',
 ]
 

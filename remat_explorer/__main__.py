@@ -43,9 +43,7 @@ def _target_problem(args, mesh):
   --fn whose function takes a ``mesh`` builds its own; any other
   program's arguments are replicated over the mesh."""
   import inspect
-  import jax
-  from jax.sharding import NamedSharding, PartitionSpec
-  from remat_explorer import examples
+  from remat_explorer import examples, on_target
   if not args.fn and args.model in ('transformer', 'transformer_scan'):
     if set(mesh.axis_names) != set(examples.MESH_AXES):
       raise SystemExit(f'--model {args.model} on a target needs --mesh with the axes data and '
@@ -58,9 +56,7 @@ def _target_problem(args, mesh):
     loss_fn, fn_args = _checked(args.fn, make())
   else:
     loss_fn, fn_args = examples.build(args.model, abstract=True)
-  replicated = NamedSharding(mesh, PartitionSpec())
-  return loss_fn, jax.tree_util.tree_map(
-      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), tuple(fn_args))
+  return loss_fn, on_target(tuple(fn_args), mesh)
 
 
 def _function_of(fn: str):

@@ -12,6 +12,7 @@ import sys
 import jax
 import pytest
 
+import remat_explorer as rx
 from remat_explorer import examples
 from remat_explorer.analysis import LOWERINGS, compile_costs
 from remat_explorer.analysis.tradeoffs.compare import builtin_policies
@@ -19,7 +20,6 @@ from remat_explorer.analysis.xla.compiled import analysis_compiler_options
 from remat_explorer.analysis.xla import kernel_cache
 from remat_explorer.analysis.xla.kernel_cache import kernel_cache_options
 from remat_explorer.analysis.context import compiles_run
-from tests.on_target import on_one_h100
 
 # Small sizes: each case compiles the same step twice.
 SIZES = {
@@ -126,7 +126,7 @@ def test_a_compile_only_gpu_reuses_its_kernels_and_gives_a_full_compiles_figures
   # A cache of this test's own, which no earlier compile has filled.
   monkeypatch.setitem(kernel_cache._directory, os.getpid(), str(tmp_path))
   loss, args = _build('transformer_scan', seed=5)
-  args = on_one_h100(args)
+  args = rx.on_target(args, rx.target_mesh('h100'))
   cache = kernel_cache_options()['xla_gpu_kernel_cache_file']
   assert not os.path.exists(cache)
   policies = builtin_policies(NAMES['transformer_scan'])

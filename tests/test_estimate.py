@@ -25,7 +25,6 @@ from remat_explorer.analysis.split import estimate as estimate_module
 from remat_explorer.analysis.split.backend import GENERIC, backend_of, convolution_operands_to_copy
 from remat_explorer.analysis.split.jaxpr_memory import peak_bytes
 from tests.by_hand import compile_by_hand, step_by_hand
-from tests.on_target import on_one_h100, replicated
 
 PEAK_TOLERANCE = 0.20
 FLOPS_TOLERANCE = 0.06
@@ -371,7 +370,7 @@ def test_an_estimate_for_a_gpu_follows_the_gpus_schedule(monkeypatch):
                         ('everything_saveable', cp.everything_saveable)):
     loss, args = examples.transformer(num_layers=3, d_model=64, seq_len=64, batch=4,
                                       seed=31, policy=policy, remat=policy is not None)
-    args = replicated(mesh, args)
+    args = rx.on_target(args, mesh)
     estimate = estimate_costs(loss, *args)
     by_hand = step_by_hand(loss, *args)
     rows[label] = estimate.peak_bytes, by_hand.memory_analysis().peak_memory_in_bytes
@@ -393,7 +392,7 @@ def test_an_estimate_for_a_gpu_follows_the_gpus_schedule(monkeypatch):
     assert set(without[label].values()) == {rows[label][0]}, (label, without[label], rows)
   # XLA:TPU's fusions are not modelled, and the estimate says so.
   loss, args = examples.transformer(num_layers=1, d_model=32, seq_len=16, batch=2, seed=32)
-  on_tpu = estimate_costs(loss, *replicated(rx.target_mesh('v5e:2x2'), args))
+  on_tpu = estimate_costs(loss, *rx.on_target(args, rx.target_mesh('v5e:2x2')))
   assert on_tpu.platform == 'tpu' and any('XLA:TPU' in note for note in on_tpu.notes)
   assert estimate_costs(loss, *args).platform == jax.devices()[0].platform
 
@@ -417,7 +416,7 @@ def test_a_gpu_fusion_writes_apart_from_what_remat_reads_through_its_barrier(
                         ('dots_saveable', cp.dots_saveable),
                         ('everything_saveable', cp.everything_saveable)):
     loss, args = build(seed=34, policy=policy, remat=policy is not None)
-    args = on_one_h100(args)
+    args = rx.on_target(args, rx.target_mesh('h100'))
     by_hand = step_by_hand(loss, *args)
     clear_caches()
     estimate = estimate_costs(loss, *args).peak_bytes
@@ -455,8 +454,8 @@ def test_a_cheap_value_made_late_from_a_returned_value_on_a_gpu(monkeypatch):
     y, h = rx.checkpoint(block, policy=cp.everything_saveable)(w, x)
     return jnp.sum(y ** 2), h
 
-  w, x = on_one_h100([jax.ShapeDtypeStruct((64, 64), jnp.float32),
-                      jax.ShapeDtypeStruct((32, 64), jnp.float32)])
+  w, x = rx.on_target([jax.ShapeDtypeStruct((64, 64), jnp.float32),
+                       jax.ShapeDtypeStruct((32, 64), jnp.float32)], rx.target_mesh('h100'))
   clear_caches()
   estimate = estimate_costs(loss, w, x, has_aux=True).peak_bytes
   without = _estimate_without(monkeypatch, 'makes_cheap_barrier_reads_late', loss, (w, x),
@@ -478,7 +477,7 @@ def test_a_gpu_loop_body_makes_apart_the_slices_its_barrier_reads(monkeypatch):
   policies = {'no remat': NO_REMAT, 'nothing_saveable': cp.nothing_saveable,
               'everything_saveable': cp.everything_saveable}
   figures = _figures_with_and_without(monkeypatch, 'materialises_slices_read_through_barriers',
-                                      loss, on_one_h100(args), policies)
+                                      loss, rx.on_target(args, rx.target_mesh('h100')), policies)
   _assert_ordered_and_near(*figures, higher='everything_saveable', lower='no remat',
                            rule_misses='everything_saveable')
 
@@ -503,7 +502,7 @@ def test_a_gpu_fuses_the_log_probabilities_a_loss_takes_into_its_gather(monkeypa
   on_cpu = step.lower(*args).compile().memory_analysis()
   on_cpu = (on_cpu.argument_size_in_bytes + on_cpu.output_size_in_bytes
             + on_cpu.temp_size_in_bytes - on_cpu.alias_size_in_bytes)
-  on_h100 = on_one_h100(args)
+  on_h100 = rx.on_target(args, rx.target_mesh('h100'))
   h100 = compile_by_hand(step, *on_h100).memory_analysis().peak_memory_in_bytes
   assert on_cpu - h100 > 0.9 * logits, (on_cpu, h100)
   clear_caches()
@@ -535,7 +534,7 @@ def test_an_estimate_for_a_tpu_stores_values_in_its_tiles(monkeypatch):
                         ('everything_saveable', cp.everything_saveable)):
     loss, args = examples.convnet(num_blocks=2, channels=16, image_size=16, batch=4, seed=43,
                                   policy=policy, remat=policy is not None)
-    args = replicated(mesh, args)
+    args = rx.on_target(args, mesh)
     by_hand = step_by_hand(loss, *args)
     compiled = by_hand.memory_analysis().peak_memory_in_bytes
     tiled = estimate_costs(loss, *args).peak_bytes

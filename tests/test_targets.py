@@ -25,7 +25,6 @@ from remat_explorer import examples
 from remat_explorer.analysis.targets import device_memory, gpu_configs
 from remat_explorer.analysis import recompute_eliminated
 from tests.by_hand import step_by_hand
-from tests.on_target import replicated
 
 TARGETS = ('v5e:2x2', 'v4:2x2x1', 'h100:8')
 GIB = 1 << 30
@@ -230,7 +229,7 @@ def test_a_gpu_merging_matmuls_is_not_taken_for_a_merged_recompute():
   mesh = rx.target_mesh('h100')
   loss, args = examples.transformer(use_scan=False, num_layers=1, d_model=128, seq_len=128,
                                     batch=2, seed=int(np.random.default_rng(7).integers(1000)))
-  args = replicated(mesh, args)
+  args = rx.on_target(args, mesh)
   policy = jax.checkpoint_policies.nothing_saveable
   flags = {}
   for lowering in ('barrier', 'none'):
@@ -304,7 +303,7 @@ def test_what_is_live_at_the_peak_is_named_on_the_target(tpu_transformer):
 def test_a_search_budget_may_be_a_share_of_the_devices_memory():
   mesh = rx.target_mesh('a100_40gb')
   loss, args = examples.mlp(num_layers=4, width=256, batch=64, abstract=True)
-  args = replicated(mesh, args)
+  args = rx.on_target(args, mesh)
   found = rx.search_policy(loss, *args, memory_budget='50%')
   assert found.budget_bytes == 42331013120 // 2
   assert found.fits and found.costs.platform == 'gpu'
@@ -328,9 +327,7 @@ def test_a_search_ranked_by_estimate_takes_a_budget_in_bytes_per_device():
   seed = int(np.random.default_rng(41).integers(1000))
   loss, (params, batch) = examples.mlp(num_layers=4, width=128, batch=8192, seed=seed,
                                        abstract=True)
-  params, batch = replicated(mesh, params), jax.tree_util.tree_map(
-      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, P('data'))),
-      batch)
+  params, batch = rx.on_target((params, batch), mesh, (P(), P('data')))
   cp = rx.checkpoint_policies
   ends = [rx.compile_costs(loss, params, batch, policy=policy)
           for policy in (cp.nothing_saveable, cp.everything_saveable)]
@@ -475,6 +472,83 @@ def test_a_concrete_array_beside_a_targets_arguments_goes_to_the_target():
   assert costs.peak_bytes == by_hand.memory_analysis().peak_memory_in_bytes
 
 
+def test_arrays_a_user_has_are_placed_on_a_target_as_abstract_shapes():
+  """A parameter tree and a batch drawn on this machine, placed with
+  ``on_target``: a spec per subtree, the same by a function of each path,
+  or replicated; other leaves kept. What ``compile_costs`` measures on
+  them is XLA's compile by hand of the same step on the same placement
+  written out leaf by leaf."""
+  mesh = rx.target_mesh('h100:8', {'data': 2, 'model': 4})
+  rng = np.random.default_rng(17)
+  params = {'hidden': {'kernel': rng.standard_normal((128, 256), np.float32),
+                       'bias': rng.standard_normal(256, np.float32)},
+            'out': {'kernel': rng.standard_normal((256, 128), np.float32)}}
+  batch = rng.standard_normal((16, 128), np.float32)
+  specs = {'hidden': {'kernel': P(None, 'model'), 'bias': P('model')}, 'out': P('model')}
+  placed, placed_batch, steps = rx.on_target((params, batch, 3), mesh, (specs, P('data'), None))
+  assert steps == 3
+  by_path = rx.on_target(params, mesh, lambda path, leaf: {
+      'hidden/kernel': P(None, 'model'), 'hidden/bias': P('model')}.get(path, P('model')))
+  written_out = {
+      'hidden': {'kernel': jax.ShapeDtypeStruct((128, 256), jnp.float32,
+                                                sharding=NamedSharding(mesh, P(None, 'model'))),
+                 'bias': jax.ShapeDtypeStruct((256,), jnp.float32,
+                                              sharding=NamedSharding(mesh, P('model')))},
+      'out': {'kernel': jax.ShapeDtypeStruct((256, 128), jnp.float32,
+                                             sharding=NamedSharding(mesh, P('model')))}}
+  for tree in (placed, by_path):
+    assert jax.tree_util.tree_structure(tree) == jax.tree_util.tree_structure(written_out)
+    for got, want in zip(jax.tree_util.tree_leaves(tree), jax.tree_util.tree_leaves(written_out)):
+      assert isinstance(got, jax.ShapeDtypeStruct)
+      assert (got.shape, got.dtype) == (want.shape, want.dtype)
+      assert got.sharding == want.sharding
+  assert placed_batch.sharding == NamedSharding(mesh, P('data'))
+  assert all(leaf.sharding == NamedSharding(mesh, P())
+             for leaf in jax.tree_util.tree_leaves(rx.on_target(params, mesh)))
+
+  def loss(params, x):
+    h = jnp.tanh(x @ params['hidden']['kernel'] + params['hidden']['bias'])
+    return jnp.mean((h @ params['out']['kernel']) ** 2)
+  costs = rx.compile_costs(loss, placed, placed_batch)
+  hand = step_by_hand(loss, written_out, jax.ShapeDtypeStruct(
+      (16, 128), jnp.float32, sharding=NamedSharding(mesh, P('data'))))
+  assert (costs.platform, costs.num_devices) == ('gpu', 8)
+  assert costs.peak_bytes == hand.memory_analysis().peak_memory_in_bytes
+
+
+@pytest.mark.parametrize('spec, error, words', [
+    (P('modle'), ValueError, ["no axis 'modle'", 'data, model', "'w'"]),
+    (P('model'), ValueError, ["'w'", '6 x 8', 'is 6', '4 devices of mesh axis model']),
+    (P(('data', 'model')), ValueError, ['8 devices of mesh axis data x model']),
+    (P(None, None, 'data'), ValueError, ['3 dimensions', "'w'", 'has 2']),
+    ('data', TypeError, ["'w'", 'str, not a PartitionSpec']),
+])
+def test_a_placement_the_mesh_cannot_make_is_refused_naming_the_array(spec, error, words):
+  mesh = rx.target_mesh('h100:8', {'data': 2, 'model': 4})
+  params = {'w': np.ones((6, 8), np.float32), 'b': np.ones(8, np.float32)}
+  with pytest.raises(error) as raised:
+    rx.on_target(params, mesh, {'w': spec, 'b': None})
+  message = str(raised.value)
+  assert message.startswith('on_target: ') and '\n' not in message, message
+  assert all(word in message for word in words), message
+
+
+def test_a_spec_tree_that_does_not_fit_the_arguments_is_refused_without_their_values():
+  mesh = rx.target_mesh('h100:8', {'data': 2, 'model': 4})
+  params = {'w': np.full((6, 8), 0.125, np.float32), 'b': np.ones(8, np.float32)}
+  for spec in ([P()], {'w': P()}):
+    with pytest.raises(ValueError) as raised:
+      rx.on_target(params, mesh, spec)
+    message = str(raised.value)
+    assert message.startswith('on_target: spec must be') and '\n' not in message, message
+    assert 'is not a prefix of' in message and '0.125' not in message, message
+
+
+def test_on_target_takes_a_mesh_not_a_target_name():
+  with pytest.raises(TypeError, match=r'^on_target: mesh must be a jax.sharding.Mesh'):
+    rx.on_target({'w': np.ones(4, np.float32)}, 'h100:8')
+
+
 def test_two_targets_of_one_shape_are_not_confused():
   """The same program on two GPUs with meshes of one shape: each result is
   its own target's (a cache keyed on the shardings' text alone would give
@@ -552,7 +626,7 @@ def test_convolutions_a_gpu_hands_to_cudnn_count_as_the_convolutions_they_are():
   each backward convolution by its own window), and of the jaxpr's."""
   loss, args = examples.convnet(num_blocks=2, channels=8, image_size=16, batch=4, seed=41,
                                 policy=rx.checkpoint_policies.everything_saveable)
-  on_h100 = replicated(rx.target_mesh('h100'), args)
+  on_h100 = rx.on_target(args, rx.target_mesh('h100'))
   on_gpu = rx.compile_costs(loss, *on_h100)
   hlo = step_by_hand(loss, *on_h100).as_text()
   assert len(re.findall(r'custom_call_target="__cudnn\$conv', hlo)) >= 3

@@ -26,7 +26,8 @@ checks it); each subpackage's ``__init__`` lists its modules:
 1. ``source``: the user's code (lines, module paths, names; what made a value).
 2. ``policies``: policies in words, as text, and the search's answer.
 3. ``targets``: meshes of accelerators to compile for (``target_mesh``),
-   GPU target configs, each device's memory.
+   arguments placed on them (``on_target``), GPU target configs, each
+   device's memory.
 4. ``program``: the function and its arguments checked, its remat blocks
    found and their policies set, its devices.
 5. ``split``: ``analyze`` and the ``RematReport`` (residuals, recompute,
@@ -64,7 +65,7 @@ from remat_explorer.analysis.policies.policy_text import parse_policy
 from remat_explorer.analysis.policies.policy_source import policy_source
 from remat_explorer.analysis.tradeoffs.search import SearchResult, search_policy
 from remat_explorer.analysis.targets import (device_memory_bytes, gpu_target_config,
-                                             gpu_target_names, register_gpu_target,
+                                             gpu_target_names, on_target, register_gpu_target,
                                              target_mesh)
 from remat_explorer.analysis.xla.timeline import Buffer, MemoryTimeline
 # What the rendering layer reads besides the entry points: the words and
@@ -87,7 +88,7 @@ __all__ = [
     'describe_policy', 'search_policy', 'SearchResult', 'SaveChosen',
     'EquationPattern', 'parse_policy', 'policy_source',
     'LOWERINGS', 'DEFAULT_LOWERING', 'residuals_at_peak', 'live_at_peak', 'explain_peak', 'PeakExplanation', 'PeakBuffer', 'PeakResidual', 'Collective', 'clear_caches',
-    'error_summary', 'target_mesh', 'register_gpu_target', 'gpu_target_config',
+    'error_summary', 'target_mesh', 'on_target', 'register_gpu_target', 'gpu_target_config',
     'gpu_target_names', 'device_memory_bytes',
     # for the rendering layer
     'TraceSettings', 'mesh_text', 'full_path', 'check_keywords', 'GraphBlock', 'GraphNode', 'SplitGraph',
