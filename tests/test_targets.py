@@ -505,6 +505,10 @@ def test_arrays_a_user_has_are_placed_on_a_target_as_abstract_shapes():
   assert placed_batch.sharding == NamedSharding(mesh, P('data'))
   assert all(leaf.sharding == NamedSharding(mesh, P())
              for leaf in jax.tree_util.tree_leaves(rx.on_target(params, mesh)))
+  # Each dtype as jit takes the array (float64 is float32 unless x64 is on); a key's kept.
+  assert rx.on_target(np.ones(4), mesh).dtype == jnp.asarray(np.ones(4)).dtype
+  key = jax.random.key(0)
+  assert rx.on_target(key, mesh).dtype == key.dtype
 
   def loss(params, x):
     h = jnp.tanh(x @ params['hidden']['kernel'] + params['hidden']['bias'])

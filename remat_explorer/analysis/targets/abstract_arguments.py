@@ -99,7 +99,10 @@ def _placed(path, leaf, mesh: Mesh, spec: Spec):
       raise ValueError(f'on_target: dimension {dim} of the array at {_where(path)} '
                        f'({_shape_text(shape)}) is {shape[dim]}, not divisible by the '
                        f'{devices} devices of mesh axis {" x ".join(axes)}.')
-  return jax.ShapeDtypeStruct(shape, leaf.dtype, sharding=NamedSharding(mesh, spec),
+  dtype = leaf.dtype
+  if not jax.dtypes.issubdtype(dtype, jax.dtypes.extended):  # a key's dtype is kept
+    dtype = jax.dtypes.canonicalize_dtype(dtype)  # as jit takes it: float64 is float32 without x64
+  return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, spec),
                               weak_type=getattr(leaf, 'weak_type', False))
 
 
