@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -20,7 +21,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 Spec = PartitionSpec | None
 
 
-def on_target(tree, mesh: Mesh, spec: Spec | Callable | object = None):
+def on_target(tree, mesh: Mesh, spec: Spec | Callable[[str, Any], Spec] | Any = None):
   """`tree` with each array (a ``jax.Array``, a NumPy array or a
   ``jax.ShapeDtypeStruct``) replaced by a ``jax.ShapeDtypeStruct`` of its
   shape and dtype, placed on `mesh` with a ``NamedSharding``; other leaves
