@@ -520,6 +520,46 @@ def test_arrays_a_user_has_are_placed_on_a_target_as_abstract_shapes():
   assert costs.peak_bytes == hand.memory_analysis().peak_memory_in_bytes
 
 
+def test_a_linen_models_own_partition_specs_place_its_parameters():
+  """Flax's partitioning annotations (``nn.with_partitioning``) read back
+  with ``nn.get_partition_spec`` are a tree of specs ``on_target`` takes
+  as it is, boxed parameters or unboxed: the weights split over 'model' as
+  the model says, and the compile is XLA's compile by hand of the same
+  placement."""
+  from flax import linen as nn
+
+  class TwoLayers(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      init = nn.initializers.lecun_normal()
+      h = nn.Dense(256, kernel_init=nn.with_partitioning(init, (None, 'model')),
+                   name='hidden')(x)
+      h = nn.remat(nn.Dense)(256, kernel_init=nn.with_partitioning(init, ('model', None)),
+                             name='out')(jnp.tanh(h))
+      return jnp.tanh(h)
+
+  model = TwoLayers()
+  x = jnp.asarray(np.random.default_rng(23).standard_normal((32, 128), np.float32))
+  variables = model.init(jax.random.key(23), x)
+  specs = nn.get_partition_spec(variables)['params']
+  mesh = rx.target_mesh('h100:8', {'data': 2, 'model': 4})
+  batch = rx.on_target(x, mesh, P('data'))
+  unboxed = rx.on_target(nn.unbox(variables['params']), mesh, specs)
+  boxed = rx.on_target(variables['params'], mesh, specs)
+  for params in (unboxed, nn.unbox(boxed)):
+    assert params['hidden']['kernel'].sharding.spec == P(None, 'model')
+    assert params['out']['kernel'].sharding.spec == P('model', None)
+    assert params['hidden']['bias'].sharding.spec == P()
+
+  def loss(params, x):
+    return jnp.mean(model.apply({'params': params}, x) ** 2)
+  costs = rx.compile_costs(loss, unboxed, batch)
+  hand = step_by_hand(loss, unboxed, batch)
+  assert (costs.platform, costs.num_devices) == ('gpu', 8)
+  assert costs.peak_bytes == hand.memory_analysis().peak_memory_in_bytes
+  assert rx.compile_costs(loss, boxed, batch).peak_bytes == costs.peak_bytes
+
+
 @pytest.mark.parametrize('spec, error, words', [
     (P('modle'), ValueError, ["no axis 'modle'", 'data, model', "'w'"]),
     (P('model'), ValueError, ["'w'", '6 x 8', 'is 6', '4 devices of mesh axis model']),
