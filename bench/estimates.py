@@ -115,16 +115,16 @@ def main() -> None:
     bench_search(options.target, not options.no_frameworks)
 
 
-def on_target(args, target: str | None):
+def on_one_device(args, target: str | None):
   """`args` as abstract arguments on one device of `target` (as they are
   where `target` is None)."""
   if target is None:
     return args
   import numpy as np
   from jax.sharding import Mesh
-  from remat_explorer import on_target as placed_on, target_mesh
+  from remat_explorer import on_target, target_mesh
   device = target_mesh(target).devices.flat[0]
-  return placed_on(args, Mesh(np.array([device]), ('data',)))
+  return on_target(args, Mesh(np.array([device]), ('data',)))
 
 
 class FullCollections:
@@ -159,7 +159,7 @@ def bench_estimates(frameworks: bool, only=None, target=None) -> None:
   for name, (loss_fn, args), names in models(frameworks):
     if only and not any(name.startswith(start) for start in only):
       continue
-    args = on_target(args, target)
+    args = on_one_device(args, target)
     matched = True
     for label, policy in {'no remat': NO_REMAT, **builtin_policies(names)}.items():
       clear_caches()
@@ -249,10 +249,10 @@ def bench_search(target=None, frameworks=True) -> None:
         mesh, num_layers=4, d_model=128, seq_len=64, batch=8 * devices)}
   else:
     loss_fn, args = examples.transformer()
-    searched = {'transformer': (loss_fn, on_target(args, target))}
+    searched = {'transformer': (loss_fn, on_one_device(args, target))}
   if frameworks and devices == 1:
     import framework_models
-    searched.update({name: (loss_fn, on_target(args, target)) for name, (loss_fn, args) in (
+    searched.update({name: (loss_fn, on_one_device(args, target)) for name, (loss_fn, args) in (
         ('flax linen', framework_models.linen_transformer()),
         ('flax nnx', framework_models.nnx_transformer()),
         ('equinox', framework_models.equinox_transformer()))})

@@ -68,11 +68,8 @@ def on_target(tree, mesh: Mesh, spec: Spec | Callable[[str, Any], Spec] | Any = 
                      f'(path, leaf), or a tree of PartitionSpecs shaped like the arguments '
                      f'or a prefix of them: {spec_structure} is not a prefix of '
                      f'{jax.tree_util.tree_structure(tree)}.') from None
-  placed = []
+  placed = []  # each spec is checked where it meets an array (``_placed``)
   for (prefix, one_spec), subtree in zip(specs_with_paths, subtrees):
-    if not is_spec(one_spec):
-      raise TypeError(f'on_target: the spec at {_where(prefix)} is a '
-                      f'{type(one_spec).__name__}, not a PartitionSpec or None.')
     placed.append(jax.tree_util.tree_map_with_path(
         lambda path, leaf: _placed(prefix + path, leaf, mesh, one_spec), subtree))
   return spec_structure.unflatten(placed)
