@@ -32,7 +32,9 @@ Then ``search_policy(rank_by_estimate=True)`` on the example transformer at
 a few budgets, and on the Flax Linen, NNX and Equinox transformers between
 the extremes: the compiles it runs (target: at most 3), its answer beside
 the search that compiles every candidate, and the candidates that search
-compiled which beat it (target: none). With a target of several
+compiled which beat it (target: none); and the rows its own table shows at
+calibrated estimates: how far they land from their compiles, and any that
+beats its answer (target: none). With a target of several
 devices (``--target h100:8``) the search's transformer is data parallel
 over all of them.
 
@@ -272,9 +274,20 @@ def bench_search(target=None, frameworks=True) -> None:
       (quick, quick_s), (full, full_s) = found[True], found[False]
       if budget == 0.5:
         half = full.budget_bytes
-      beaten_by = [c.label for c in full.candidates if c.peak_bytes is not None
-                   and c.peak_bytes <= quick.peak_bytes and c.flops <= quick.flops
-                   and (c.peak_bytes < quick.peak_bytes or c.flops < quick.flops)]
+      beats = lambda c: (c.peak_bytes is not None and c.fits
+                         and c.peak_bytes <= quick.peak_bytes and c.flops <= quick.flops
+                         and (c.peak_bytes < quick.peak_bytes or c.flops < quick.flops))
+      beaten_by = [c.label for c in full.candidates if beats(c)]
+      # The rows the search by estimate did not compile: their calibrated
+      # figures against the compiles of the search that compiled them.
+      compiled = {c.label: c for c in full.candidates if not c.estimated}
+      errors = [(c.peak_bytes / compiled[c.label].peak_bytes - 1,
+                 c.flops / compiled[c.label].flops - 1)
+                for c in quick.candidates if c.estimated and c.label in compiled
+                and compiled[c.label].peak_bytes]
+      rows = (f'its {len(errors)} estimated rows within {max(abs(p) for p, _ in errors):.1%} '
+              f'(peak) and {max(abs(f) for _, f in errors):.1%} (FLOPs) of their compiles'
+              if errors else 'no estimated row')
       shown = f'{budget / 2**20:.2f} MiB' if isinstance(budget, int) else budget
       print(f'  {name}, budget {shown}: by estimate {quick.compiles_used} compiles, '
             f'{quick_s:.1f} s, {quick.label[:40]!r} peak {quick.peak_bytes / 2**20:.2f} MiB '
@@ -282,7 +295,9 @@ def bench_search(target=None, frameworks=True) -> None:
             f'all compiled {full.compiles_used} compiles, {full_s:.1f} s, {full.label[:40]!r} '
             f'{full.peak_bytes / 2**20:.2f} MiB {full.flops / 1e6:.3f} MFLOP '
             f'({quick.flops / full.flops - 1:+.2%}) | '
-            f'beaten by: {", ".join(beaten_by) or "none"} (target: none)')
+            f'beaten by: {", ".join(beaten_by) or "none"} (target: none); {rows}, '
+            f'beating it: {", ".join(c.label for c in quick.candidates if beats(c)) or "none"} '
+            '(target: none)')
 
 
 if __name__ == '__main__':
