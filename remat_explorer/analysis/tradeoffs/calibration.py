@@ -20,22 +20,23 @@ def ranked_flops(costs: CompiledCosts, report: RematReport) -> float:
 
 def _pairs(estimates, compiled, flops: bool) -> list[tuple[float, float]]:
   """(estimated, compiled) peak (`flops`: executed FLOPs) of each policy
-  both estimated and compiled."""
+  both estimated, above zero, and compiled."""
   pairs = []
   for label, (costs, report) in compiled.items():
     estimate = estimates.get(label)
     if estimate is None or costs.failed:
       continue
-    pairs.append((estimate.flops, ranked_flops(costs, report)) if flops
-                 else (estimate.peak_bytes, costs.peak_bytes))
+    pair = ((estimate.flops, ranked_flops(costs, report)) if flops
+            else (estimate.peak_bytes, costs.peak_bytes))
+    if pair[0]:
+      pairs.append(pair)
   return pairs
 
 
 def compiled_over_estimated(estimates, compiled, flops: bool = False) -> list[float]:
   """The compiled peak (`flops`: the executed FLOPs) over the estimated
   one, of each policy both estimated and compiled."""
-  return [measured / estimated for estimated, measured in _pairs(estimates, compiled, flops)
-          if estimated]
+  return [measured / estimated for estimated, measured in _pairs(estimates, compiled, flops)]
 
 
 def calibrated(estimates, compiled, flops: bool = False) -> Callable[[float], float]:
@@ -54,8 +55,7 @@ def calibrated(estimates, compiled, flops: bool = False) -> Callable[[float], fl
   search's table then showed it beating the answer it had compiled."""
   points: dict[float, list[float]] = {}
   for estimated, measured in _pairs(estimates, compiled, flops):
-    if estimated:
-      points.setdefault(estimated, []).append(measured)
+    points.setdefault(estimated, []).append(measured)
   if not points:
     return lambda estimate: estimate
   xs = sorted(points)
