@@ -11,7 +11,7 @@ import pytest
 
 import remat_explorer as rx
 from remat_explorer import examples
-from remat_explorer.analysis import (NO_REMAT, analyze, compare, compile_costs,
+from remat_explorer.analysis import (NO_REMAT, analyze, builtin_policies, compare, compile_costs,
                                      describe_policy, residuals_at_peak)
 from remat_explorer.analysis.tradeoffs.search import search_policy
 from remat_explorer.viz.charts.timeline_view import forward_backward_boundary
@@ -467,6 +467,66 @@ def test_the_policy_found_holds_at_twice_the_batch_and_as_source():
   exec(result.to_source(), namespace)
   assert saved(namespace['policy'], args, program) == at_32
   assert saved(namespace['policy'], big_args, big) == at_64
+
+
+def test_no_remat_as_source_keeps_the_checkpoint_with_a_policy_that_fits():
+  """Where the search answers no remat, its source says how to keep the
+  checkpoints anyway: with the compiled policy that fits the budget with
+  the fewest FLOPs, not with everything_saveable, which saves every value
+  and here compiles far above the budget (under ``lowering='cond'`` XLA
+  cannot merge what it saves away)."""
+  seed = int(np.random.default_rng(1013).integers(1 << 16))
+  program, args = _wide_then_narrow(seed)
+  result = search_policy(program, *args, memory_budget=0.5, lowering='cond')
+  comparison = compare(program, *args, lowering='cond')
+  # Premises: no remat is the answer, and saving everything does not fit.
+  assert result.policy is NO_REMAT
+  assert comparison.row('everything_saveable').peak_bytes > result.budget_bytes
+  source = result.to_source()
+  assert source.startswith('# No remat')
+  namespace = {}
+  exec(source, namespace)
+  policy = namespace['policy']
+  kept = result.kept_checkpoint
+  comment = ' '.join(line[2:] for line in source.splitlines() if line.startswith('# '))
+  assert policy is getattr(jax.checkpoint_policies, kept.label)
+  assert f'{kept.label} fits the budget' in comment
+  # The program with the policy pasted in compiles to the kept figures,
+  # within the budget (XLA's footprint, compiled by hand, as the tool's),
+  # and no policy of the comparison that fits has fewer FLOPs.
+  pasted = functools.partial(
+      program, ck=functools.partial(rx.checkpoint, policy=policy, lowering='cond'))
+  costs = compile_costs(pasted, *args)
+  assert costs.peak_bytes == kept.peak_bytes <= result.budget_bytes
+  memory = jax.jit(jax.value_and_grad(pasted)).lower(*args).compile().memory_analysis()
+  assert costs.total_bytes == (memory.argument_size_in_bytes + memory.output_size_in_bytes
+                               + memory.temp_size_in_bytes - memory.alias_size_in_bytes)
+  fitting = [r for r in comparison.rows if r.label in builtin_policies()
+             and r.peak_bytes <= result.budget_bytes]
+  assert kept.flops == min(r.ranked_flops for r in fitting)
+  assert result.to_dict()['kept_checkpoint_policy'] == kept.label
+
+
+def test_no_remat_as_source_names_the_lowest_peak_where_no_policy_fits():
+  """Under the while-loop lowering every policy compiles the example
+  convnet above no remat's peak: at that budget only the program without
+  its checkpoints fits, and the source, keeping them, says that no policy
+  fits and gives the one with the lowest compiled peak."""
+  loss_fn, args = examples.convnet(seed=int(np.random.default_rng(1014).integers(1 << 16)))
+  comparison = compare(loss_fn, *args, lowering='while')
+  no_remat = comparison.row('no remat').peak_bytes
+  policies = [r for r in comparison.rows if r.label in builtin_policies(('conv_output',))]
+  assert all(r.peak_bytes > no_remat for r in policies)  # premise
+  result = search_policy(loss_fn, *args, memory_budget=no_remat, lowering='while')
+  assert result.policy is NO_REMAT and result.fits
+  lowest = min(policies, key=lambda r: r.peak_bytes)
+  assert result.kept_checkpoint.label == lowest.label and not result.kept_checkpoint.fits
+  source = result.to_source()
+  comment = ' '.join(line[2:] for line in source.splitlines() if line.startswith('# '))
+  assert 'no policy compiled fits the budget' in comment and lowest.label in comment
+  namespace = {}
+  exec(source, namespace)
+  assert namespace['policy'] is getattr(jax.checkpoint_policies, lowest.label)
 
 
 def test_equation_patterns_are_what_a_policy_sees_without_sizes():

@@ -12,7 +12,7 @@ import pytest
 import remat_explorer as rx
 from remat_explorer import examples
 from remat_explorer.analysis import (NO_REMAT, analyze, compile_costs, live_at_peak,
-                                     search_policy)
+                                     policy_source, search_policy)
 from remat_explorer.engine.policies import checkpoint_policies as cp
 from remat_explorer.viz.widget import _panels, _search
 from remat_explorer.viz.text import format_bytes, html_text
@@ -143,6 +143,13 @@ def test_a_search_explains_itself_joins_the_comparison_and_adds_its_option_once(
   assert e.search_result.label == 'no remat'
   assert e.policy.value == 'no remat'
   assert len(e.policy.options) == len(options) + 1
+  # Its code is the search's: the checkpoints kept with a policy it compiled.
+  assert e.search_result.kept_checkpoint.fits
+  assert e.controls.copy.code == e.search_result.to_source()
+  comment = ' '.join(line[2:] for line in e.controls.copy.code.splitlines()
+                     if line.startswith('# '))
+  assert 'fits the budget' in comment
+  assert e.controls.copy.code != policy_source(NO_REMAT)
 
 
 def test_an_impossible_budget_says_so(problem, monkeypatch):

@@ -12,6 +12,7 @@ invented.
 from __future__ import annotations
 
 import ast
+import textwrap
 from collections.abc import Mapping
 
 from remat_explorer.analysis.policies.chosen_policy import SaveChosen
@@ -23,8 +24,9 @@ AS_WRITTEN_SOURCE = (
     '# jax.checkpoint\'s default (save only what is not computed inside it):\n'
     '# pass it only to a checkpoint that had no policy.\n'
     'policy = None\n')
+_NO_REMAT_HEAD = '# No remat: best, call the checkpointed functions without jax.checkpoint.\n'
 NO_REMAT_SOURCE = (
-    '# No remat: best, call the checkpointed functions without jax.checkpoint.\n'
+    _NO_REMAT_HEAD +
     '# Keeping the checkpoint, the closest policy saves every value and\n'
     '# recomputes nothing:\n'
     'import jax\n\n'
@@ -53,6 +55,15 @@ def policy_source(choice) -> str:
   if isinstance(choice, Mapping):
     return _per_block_source(choice)
   return 'import jax\n\n' + _defining_policy(choice)
+
+
+def no_remat_source(keep_with, why: str) -> str:
+  """``policy_source(NO_REMAT)`` where the policy to keep the checkpoint
+  with is known from compiles (a search's): `keep_with`, `why` saying in a
+  sentence what its compile showed."""
+  comment = textwrap.fill(f'Keeping the checkpoint: {why}', width=76,
+                          initial_indent='# ', subsequent_indent='# ')
+  return f'{_NO_REMAT_HEAD}{comment}\nimport jax\n\n{_defining_policy(keep_with)}'
 
 
 def _defining_policy(policy) -> str:

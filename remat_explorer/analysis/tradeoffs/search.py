@@ -30,7 +30,7 @@ import numpy as np
 
 from remat_explorer.analysis.split.analyze import analyze
 from remat_explorer.analysis.policies.chosen_policy import SaveChosen
-from remat_explorer.analysis.policies.policy_source import policy_source
+from remat_explorer.analysis.policies.policy_source import no_remat_source, policy_source
 from remat_explorer.analysis.tradeoffs.budget import (NothingCompiled, check_budget_type,
                                                       resolve_budget)
 from remat_explorer.analysis.tradeoffs.calibration import (calibrated, flops_error, may_fit,
@@ -45,7 +45,7 @@ from remat_explorer.analysis.split.estimate import CostEstimate, estimate_costs
 from remat_explorer.analysis.context import compiles_run
 from remat_explorer.analysis.full_collections import full_collections_held_off
 from remat_explorer.analysis.program.keywords import check_keywords, entry_point
-from remat_explorer.analysis.policies.policy_info import NO_REMAT
+from remat_explorer.analysis.policies.policy_info import NO_REMAT, describe_policy
 from remat_explorer.analysis.split.report import RematReport, plain_data
 from remat_explorer.analysis.units import format_bytes, format_flops
 
@@ -108,15 +108,38 @@ class SearchResult:
   candidates: tuple[Candidate, ...]
   costs: CompiledCosts = field(repr=False)
   report: RematReport = field(repr=False)
+  kept_checkpoint: Candidate | None = None
+  """Where the answer is no remat: the policy, of those compiled, to keep
+  the checkpoints with instead (fewest FLOPs of those that fit the budget,
+  else the lowest peak), as ``to_source()`` writes it; else None."""
+  kept_checkpoint_policy: Callable[..., Any] | None = field(default=None, repr=False)
 
   def to_source(self) -> str:
     """Python that builds the chosen policy with JAX alone, as ``policy``
-    (paste it next to ``jax.checkpoint(..., policy=policy)``)."""
-    return policy_source(self.policy)
+    (paste it next to ``jax.checkpoint(..., policy=policy)``). For no
+    remat, the policy to keep the checkpoints with is the one of
+    ``kept_checkpoint``, with what its compile showed: not a policy that
+    saves everything, which can compile above the budget."""
+    kept = self.kept_checkpoint
+    if self.policy is not NO_REMAT or kept is None:
+      return policy_source(self.policy)
+    name = ('the policy below, the search\'s own choice,'
+            if isinstance(self.kept_checkpoint_policy, SaveChosen) else kept.label)
+    if kept.fits:
+      more = self.flops and kept.flops / self.flops - 1
+      why = (f'{name} fits the budget of {format_bytes(self.budget_bytes)} with the '
+             f'fewest FLOPs of the policies compiled: compiled peak '
+             f'{format_bytes(kept.peak_bytes)}, {more:+.1%} FLOPs.')
+    else:
+      why = (f'no policy compiled fits the budget of {format_bytes(self.budget_bytes)}; '
+             f'{name} has the lowest compiled peak, {format_bytes(kept.peak_bytes)}.')
+    return no_remat_source(self.kept_checkpoint_policy, why)
 
   def to_dict(self) -> dict:
     out = plain_data(self)
     out['policy'] = repr(self.policy)
+    out['kept_checkpoint_policy'] = (None if self.kept_checkpoint_policy is None
+                                     else describe_policy(self.kept_checkpoint_policy))
     out['source'] = self.to_source()
     out['costs'] = self.costs.to_dict()
     out['report'] = self.report.to_dict()
@@ -307,13 +330,27 @@ class _Runner:
     chosen = min(pool, key=lambda c: (c.flops, c.peak_bytes, c.label not in _OWN_LABELS))
     costs, report = evaluated[chosen.label]
     policy = self.policies[chosen.label]
+    kept = _policy_to_keep(compiled) if policy is NO_REMAT else None
     return SearchResult(
         policy=policy, label=chosen.label[:80], budget_bytes=budget,
         peak_bytes=costs.peak_bytes, flops=chosen.flops, fits=bool(fitting),
         explanation=_explain(chosen, policy, budget, candidates, bool(fitting),
                              refusal=costs.error_line or ''),
         compiles_used=compiles_run() - self.compiles_before,
-        candidates=candidates, costs=costs, report=report)
+        candidates=candidates, costs=costs, report=report, kept_checkpoint=kept,
+        kept_checkpoint_policy=None if kept is None else self.policies[kept.label])
+
+
+def _policy_to_keep(compiled) -> Candidate | None:
+  """Of the compiled candidates that are policies (not the program as
+  written or without remat), the one to keep the checkpoints with: fewest
+  FLOPs of those that fit, then the lowest peak; where none fits, the
+  lowest peak. None where no policy compiled."""
+  policies = [c for c in compiled if c.label not in _OWN_LABELS and c.peak_bytes is not None]
+  fitting = [c for c in policies if c.fits]
+  if fitting:
+    return min(fitting, key=lambda c: (c.flops, c.peak_bytes))
+  return min(policies, key=lambda c: c.peak_bytes, default=None)
 
 
 def _search_by_estimate(run: _Runner, names, policies, memory_budget) -> SearchResult:

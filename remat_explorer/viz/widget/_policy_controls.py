@@ -99,6 +99,10 @@ class PolicyControls:
     self.per_block.add_class('remat-per-block')
     self.reset = w.Button(description='one policy for all blocks', layout=w.Layout(**_AUTO))
     self.copy = CopyCode()
+    # The source a search wrote for the option it answered, copied in place
+    # of ``policy_source``'s (for no remat it names, from the search's
+    # compiles, the policy to keep the checkpoints with).
+    self.searched_sources: dict[str, str] = {}
     self.policy.add_class('remat-policy')
     self.expression.add_class('remat-expression')
     self.set_blocks(report)
@@ -168,7 +172,7 @@ class PolicyControls:
           self.tried.pop(self._picked_names, None)
         self._picked_names = label
       self.tried[label] = self.choice()
-    self.copy.code = policy_source(self.choice())
+    self.copy.code = self.searched_sources.get(label) or policy_source(self.choice())
 
   def comparison_rows(self) -> dict:
     """The policies "compare all policies" compiles beside the program as

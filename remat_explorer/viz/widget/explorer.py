@@ -418,7 +418,9 @@ class Explorer:
     self._output.changed()
     if not result.fits:
       return
-    self.controls.select(result.label, result.policy)
+    option = self.controls.add(result.label, result.policy)
+    self.controls.searched_sources = {option: result.to_source()}
+    self.controls.select(option)
     if self.comparison is not None:
       self._comparison.run()
 
