@@ -300,6 +300,34 @@ def test_what_is_live_at_the_peak_is_named_on_the_target(tpu_transformer):
     assert row.costs.platform == 'tpu' and row.costs.device_memory_bytes == 16 * GIB
 
 
+@pytest.mark.parametrize('target', ['h100', 'v5e:2x2'])
+def test_each_buffer_on_a_target_has_the_stack_jax_recorded(target):
+  """The Python stack behind each buffer is the one JAX recorded for the
+  equation that computed it, which no backend changes: on a target, each
+  name stack has the innermost frames the CPU's compile of the same
+  program gives it. The table of frames XLA dumps with an accelerator's
+  module numbers them apart from the executable's own: read from it, the
+  MLP's matmuls named the loss's line, not the layer's."""
+  loss, args = examples.mlp(num_layers=3, width=64, batch=16,
+                            seed=int(np.random.default_rng(1015).integers(1 << 16)))
+
+  def innermost_frames(costs):
+    frames = {}
+    for buffer in costs.timeline.buffers:
+      if buffer.frames and buffer.op_name:
+        frames.setdefault(buffer.op_name, set()).add(buffer.frames[-1])
+    return frames
+  on_cpu = innermost_frames(rx.compile_costs(loss, *args))
+  device = rx.target_mesh(target).devices.flat[0]
+  one = jax.sharding.Mesh(np.array([device]), ('data',))
+  on_target = innermost_frames(rx.compile_costs(loss, *rx.on_target(args, one)))
+  both = on_cpu.keys() & on_target.keys()
+  assert len(both) >= 5, (on_cpu.keys(), on_target.keys())
+  assert {k: on_target[k] for k in both} == {k: on_cpu[k] for k in both}
+  # Premise: the layer's own line is among them.
+  assert any(function.endswith('layer') for k in both for _, _, function in on_target[k])
+
+
 def test_a_search_budget_may_be_a_share_of_the_devices_memory():
   mesh = rx.target_mesh('a100_40gb')
   loss, args = examples.mlp(num_layers=4, width=256, batch=64, abstract=True)

@@ -47,6 +47,9 @@ def read_compiled(compiled, memory=None, dumped: tuple[bytes, bytes] | None = No
   where the executable does not carry its buffer assignment (TPUs, GPUs)."""
   module = parse_hlo(compiled.as_text())
   proto = _module_proto(compiled)
+  # The stack frame ids in the text index the executable's own table: the
+  # module XLA dumped numbers its frames apart.
+  stacks = None if proto is None else read_stack_index(proto)
   assignment = _buffer_assignment_proto(compiled, memory)
   heap = None
   if not assignment and dumped is not None:
@@ -55,7 +58,8 @@ def read_compiled(compiled, memory=None, dumped: tuple[bytes, bytes] | None = No
   if proto is None:
     return CompiledProgram(module, None, None)
   buffers = None if not assignment else read_buffer_assignment(assignment, proto)
-  return CompiledProgram(module, buffers, read_stack_index(proto), heap)
+  return CompiledProgram(module, buffers, stacks if stacks is not None else read_stack_index(proto),
+                         heap)
 
 
 def _module_proto(compiled) -> bytes | None:
