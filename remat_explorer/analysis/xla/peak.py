@@ -121,7 +121,10 @@ class PeakExplanation:
   gap_bytes: int
   """``peak_bytes - listed_bytes``: what XLA's buffer assignment occupies
   beyond the live buffers (space between buffers that its placement leaves
-  free at that step: fragmentation and alignment padding)."""
+  free at that step: fragmentation and alignment padding). Negative where
+  the buffers listed add up to more than XLA's heap at that step (TPUs and
+  GPUs: the liveness model holds some buffers at other steps than XLA's
+  heap simulation does); ``gap_reason`` says so."""
   gap_reason: str
 
 
@@ -190,6 +193,10 @@ def explain_peak(report: RematReport, costs: CompiledCosts) -> PeakExplanation |
   gap = timeline.peak_bytes - listed
   if timeline.placed_bytes is None:
     reason = 'the peak is the live buffers\' (XLA\'s placement is not known)'
+  elif gap < 0:
+    reason = ('they add up to more than XLA\'s heap simulation holds at this step: '
+              'the liveness model that lists them allocates or frees some buffers at '
+              'other steps than XLA\'s heap simulation does, whose peak this is')
   elif timeline.peak_memory == 'on-chip':
     reason = ('XLA\'s peak for this TPU follows its on-chip memory (VMEM), whose heap is '
               'the higher here; the buffers listed are those in device memory (HBM)')

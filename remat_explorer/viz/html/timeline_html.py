@@ -57,7 +57,12 @@ def _gap_html(view: TimelineView) -> str:
   if view.peak_gap is None:
     return ''
   listed, gap, reason = view.peak_gap
-  if gap <= 0:
+  if gap < 0:
+    return (f'<p class="remat-caption remat-peak-gap">These buffers add up to '
+            f'{html_text(format_bytes(listed))}, {html_text(format_bytes(-gap))} more than '
+            f'the peak of {html_text(format_bytes(view.peak_bytes))}: '
+            f'{html_text(reason)}.</p>')
+  if gap == 0:
     return (f'<p class="remat-caption remat-peak-gap">These buffers add up to '
             f'{html_text(format_bytes(listed))}; the peak is '
             f'{html_text(format_bytes(view.peak_bytes))}.</p>')
