@@ -13,7 +13,9 @@ protos. An executable exposes three things, read here together:
   the table of Python stacks behind each instruction's ``stack_frame_id``;
 * ``memory_analysis()``'s ``serialized_buffer_assignment_proto``
   (``buffers``); for TPUs and GPUs, which leave it empty, the one XLA
-  dumped with the module (``xla_dump``).
+  dumped with the module (``xla_dump``), read with the dumped module's
+  instruction ids. The stacks stay the executable's: the dumped module
+  numbers its table of frames apart from the ids in the text.
 """
 
 from __future__ import annotations
@@ -47,8 +49,8 @@ def read_compiled(compiled, memory=None, dumped: tuple[bytes, bytes] | None = No
   where the executable does not carry its buffer assignment (TPUs, GPUs)."""
   module = parse_hlo(compiled.as_text())
   proto = _module_proto(compiled)
-  # The stack frame ids in the text index the executable's own table: the
-  # module XLA dumped numbers its frames apart.
+  # The stack frame ids in the text index the executable's own table of
+  # frames, never the dumped module's, which numbers them apart.
   stacks = None if proto is None else read_stack_index(proto)
   assignment = _buffer_assignment_proto(compiled, memory)
   heap = None
@@ -58,8 +60,7 @@ def read_compiled(compiled, memory=None, dumped: tuple[bytes, bytes] | None = No
   if proto is None:
     return CompiledProgram(module, None, None)
   buffers = None if not assignment else read_buffer_assignment(assignment, proto)
-  return CompiledProgram(module, buffers, stacks if stacks is not None else read_stack_index(proto),
-                         heap)
+  return CompiledProgram(module, buffers, stacks, heap)
 
 
 def _module_proto(compiled) -> bytes | None:
