@@ -393,7 +393,7 @@ def test_search_beats_every_builtin_that_fits_by_choosing_one_pattern():
   the wide outputs raises the compiled peak; the narrow outputs are small
   next to the gap. Both are checked before the search is asked."""
   from remat_explorer.analysis.context import compiles_run
-  from remat_explorer.analysis.tradeoffs.search import SaveChosen
+  from remat_explorer.analysis import SaveChosen
   program, args = _wide_then_narrow(int(np.random.default_rng(1004).integers(1 << 16)))
   nothing = compile_costs(program, *args, policy=cp.nothing_saveable, lowering='cond')
   dots = compile_costs(program, *args, policy=cp.dots_with_no_batch_dims_saveable,

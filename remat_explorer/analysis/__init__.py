@@ -63,7 +63,8 @@ from remat_explorer.analysis.split.report import (BlockReport, EquationCost,
 from remat_explorer.analysis.policies.chosen_policy import EquationPattern, SaveChosen
 from remat_explorer.analysis.policies.policy_text import parse_policy
 from remat_explorer.analysis.policies.policy_source import policy_source
-from remat_explorer.analysis.tradeoffs.search import SearchResult, search_policy
+from remat_explorer.analysis.tradeoffs.search import search_policy
+from remat_explorer.analysis.tradeoffs.search_result import SearchResult
 from remat_explorer.analysis.targets import (device_memory_bytes, gpu_target_config,
                                              gpu_target_names, on_target, register_gpu_target,
                                              target_mesh)
