@@ -1,14 +1,17 @@
 """Bad input gets a clear error naming what was wrong, where it was made."""
 
+import functools
 import re
 
 import jax
+import jax.ad_checkpoint
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import remat_explorer as rx
 from remat_explorer.analysis.context import compiles_run
+from tests.parity import printed_residuals
 
 X = jnp.asarray(np.random.default_rng(7).standard_normal(3), jnp.float32)
 
@@ -126,6 +129,33 @@ def test_offload_names_must_not_overlap():
 def test_saved_residuals_requires_a_callable():
   with pytest.raises(TypeError, match='saved_residuals expects a callable'):
     rx.saved_residuals(X, X)
+
+
+@pytest.mark.parametrize('entry', ['saved_residuals', 'print_saved_residuals'])
+def test_a_keyword_the_function_does_not_take_is_refused_before_tracing(entry):
+  """The residual listings pass their keywords on to the function, as
+  JAX's do: ``policy=`` given to one (an option of the analysis) reached
+  JAX as an argument it could not read as an array, deep in tracing. It is
+  refused by name, and the function never runs; a keyword it takes is
+  passed on."""
+  calls = []
+
+  def loss(w, scale=1.0):
+    calls.append(1)
+    return jnp.sum(jnp.sin(w @ w)) * scale
+  with pytest.raises(TypeError, match=re.escape(
+      f'{entry}: policy= is not an argument of ') + '.*loss.*' + re.escape(
+      'To see the residuals under another policy')):
+    getattr(rx, entry)(loss, W, policy=rx.checkpoint_policies.dots_saveable)
+  assert calls == []
+  with pytest.raises(TypeError, match=re.escape(f'{entry}: scael= is not an argument')):
+    getattr(rx, entry)(loss, W, scael=2.0)
+  assert calls == []
+  # A keyword it takes is passed on, as JAX's own listing passes it.
+  assert (printed_residuals(functools.partial(rx.print_saved_residuals, scale=2.0), loss, W)
+          == printed_residuals(functools.partial(jax.ad_checkpoint.print_saved_residuals,
+                                                 scale=2.0), loss, W))
+  assert calls
 
 
 # -- the analysis' entry points fail early --------------------------------------------

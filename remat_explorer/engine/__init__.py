@@ -10,6 +10,7 @@ Modules, in the order a reader might take them:
   analysis while ``observe_splits()`` is active.
 * ``lowering``   - how a differentiated block is protected from XLA.
 * ``api``        - ``checkpoint`` / ``remat`` / ``checkpoint_name``.
+* ``signatures`` - what a user's function takes by keyword, read before tracing.
 * ``residuals``  - ``saved_residuals``: what the forward pass keeps, in words.
 * ``scan_plans`` - schedules for long scans, and what each should cost.
 * ``revolve``    - Griewank's binomial (revolve) rules as a state machine.
@@ -49,6 +50,7 @@ from remat_explorer.engine.residuals import (ResidualOrigin, print_saved_residua
                                              residual_origins, rounded_residuals,
                                              saved_residuals)
 from remat_explorer.engine.scan import checkpointed_scan
+from remat_explorer.engine.signatures import keyword_parameters
 from remat_explorer.engine.scan_plans import ScanScheduleCosts, scan_schedule_costs
 from remat_explorer.engine.split import Split, split_jaxpr
 
@@ -73,4 +75,6 @@ __all__ = [
     'compile_only_tpu_devices', 'compile_only_cuda_devices', 'cuda_plugin_installed',
     'tpu_support_installed', 'gpu_target_config_of', 'initialize_backends_quietly',
     'is_compile_only', 'no_persistent_cache_writes', 'propagated_result_shardings',
+    # signatures
+    'keyword_parameters',
 ]

@@ -15,6 +15,7 @@ from typing import Sequence
 import jax
 
 from remat_explorer.engine import _jax_internals as jx
+from remat_explorer.engine.signatures import refuse_keywords_not_taken
 
 core = jx.core
 
@@ -37,6 +38,7 @@ def saved_residuals(f, *args, **kwargs) -> list[tuple[core.AbstractValue, str]]:
   """
   if not callable(f):
     raise TypeError(f'saved_residuals expects a callable, got {type(f).__name__}: {f!r}')
+  refuse_keywords_not_taken('saved_residuals', f, kwargs)
   jaxpr = _jaxpr_to_residuals(f, args, kwargs)
   # Arguments are described by their paths (``params['w']``) where known.
   dbg = jx.api_util.debug_info('saved_residuals', f, args, kwargs)
@@ -79,6 +81,8 @@ def print_saved_residuals(f, *args, **kwargs) -> None:
     f32[16,16] from the argument w
     f32[16,16] from the argument x
   """
+  if callable(f):
+    refuse_keywords_not_taken('print_saved_residuals', f, kwargs)
   for aval, description in saved_residuals(f, *args, **kwargs):
     print(f'{aval.str_short(short_dtypes=True)} {description}')
 

@@ -44,7 +44,7 @@ def check_keywords(entry, f, kwargs: Mapping, **given_options) -> None:
   options = _options(entry)
   defaults = {name: p.default for name, p in inspect.signature(entry).parameters.items()}
   for fn in functions:
-    params = _keyword_parameters(fn)
+    params = engine.keyword_parameters(fn)
     if params is None:  # no signature to read: the function decides
       continue
     accepts_any, names = params
@@ -63,17 +63,6 @@ def check_keywords(entry, f, kwargs: Mapping, **given_options) -> None:
 def _options(entry) -> list[str]:
   return [name for name, p in inspect.signature(entry).parameters.items()
           if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and name != 'f']
-
-
-def _keyword_parameters(fn) -> tuple[bool, set[str]] | None:
-  """(whether `fn` takes **kwargs, the names it takes by keyword)."""
-  try:
-    signature = inspect.signature(fn)
-  except (TypeError, ValueError):
-    return None
-  params = signature.parameters.values()
-  return (any(p.kind is p.VAR_KEYWORD for p in params),
-          {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)})
 
 
 def _unknown(entry: str, name: str, fn, options, names) -> str:
