@@ -196,6 +196,11 @@ def test_an_option_of_another_entry_point_is_named_and_the_functions_own_pass():
     rx.analyze(loss, W, budget=0.5)
   with pytest.raises(TypeError, match=r'Did you mean scale= \(an argument of loss\)'):
     rx.analyze(loss, W, scal=2.0)
+  # Spelt right but given to the wrong entry point: said so, not "did you mean".
+  with pytest.raises(TypeError, match=r'got the keyword policy=.* policy= is an option of '
+                                      r'analyze, compile_costs and estimate_costs, not of '
+                                      r'search_policy\.$'):
+    rx.search_policy(loss, W, memory_budget=0.5, policy=None)
   assert calls == []
   scaled = rx.analyze(loss, W, scale=2.0)  # the function's own keyword reaches it
   assert calls and scaled.residuals

@@ -79,6 +79,9 @@ def _unknown(entry: str, name: str, fn, options, names) -> str:
             for option, names in takers.items()}
   hint = ''
   for candidates in (own, others):
+    if name in candidates:  # spelt right, given to the wrong entry point
+      hint = f' {name}= is {candidates[name]}.'
+      break
     close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
     if close:
       hint = f' Did you mean {close[0]}= ({candidates[close[0]]})?'
