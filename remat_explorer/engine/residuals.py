@@ -36,9 +36,14 @@ def saved_residuals(f, *args, **kwargs) -> list[tuple[core.AbstractValue, str]]:
     (16, 16) output of ... from ...
     (16, 16) output of ... from ...
   """
+  return _saved_residuals('saved_residuals', f, args, kwargs)
+
+
+def _saved_residuals(caller: str, f, args, kwargs) -> list[tuple[core.AbstractValue, str]]:
+  """``saved_residuals`` for `caller`, which its errors name."""
   if not callable(f):
-    raise TypeError(f'saved_residuals expects a callable, got {type(f).__name__}: {f!r}')
-  refuse_keywords_not_taken('saved_residuals', f, kwargs)
+    raise TypeError(f'{caller} expects a callable, got {type(f).__name__}: {f!r}')
+  refuse_keywords_not_taken(caller, f, kwargs)
   jaxpr = _jaxpr_to_residuals(f, args, kwargs)
   # Arguments are described by their paths (``params['w']``) where known.
   dbg = jx.api_util.debug_info('saved_residuals', f, args, kwargs)
@@ -81,9 +86,7 @@ def print_saved_residuals(f, *args, **kwargs) -> None:
     f32[16,16] from the argument w
     f32[16,16] from the argument x
   """
-  if callable(f):
-    refuse_keywords_not_taken('print_saved_residuals', f, kwargs)
-  for aval, description in saved_residuals(f, *args, **kwargs):
+  for aval, description in _saved_residuals('print_saved_residuals', f, args, kwargs):
     print(f'{aval.str_short(short_dtypes=True)} {description}')
 
 
