@@ -30,6 +30,8 @@ class PlacedBuffer:
   offset: int
   """Where in its allocation it starts: buffers of one allocation whose
   byte ranges overlap are never live at the same time."""
+  logical_buffer: int = -1
+  """Its id in the assignment (``HeapTrace.lifetimes`` is keyed by it)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +92,8 @@ def _decode(data: bytes, names: dict[int, tuple[str, str]]) -> BufferAssignment 
     if buffer_id not in defined_at:
       return None
     (computation, instruction), shape_index = defined_at[buffer_id]
-    buffers.append(PlacedBuffer(computation, instruction, shape_index, size, index, offset))
+    buffers.append(PlacedBuffer(computation, instruction, shape_index, size, index, offset,
+                                buffer_id))
   return BufferAssignment(allocations, tuple(buffers))
 
 

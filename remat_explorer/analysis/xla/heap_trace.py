@@ -17,7 +17,10 @@ for both in ``tests/test_targets.py``). So the replay takes the highest.
 
 The replay is mapped onto the entry computation's schedule: an event's
 instruction gives its step (a called computation's, the step that calls
-it), and each step holds the highest heap its events reach.
+it), and each step holds the highest heap its events reach. The same
+mapping gives each entry buffer the steps the heap holds it
+(``HeapTrace.lifetimes``), which the memory timeline takes in place of
+its liveness model's.
 """
 
 from __future__ import annotations
@@ -44,6 +47,11 @@ class HeapTrace:
   """The memory of the trace followed: 0 for device memory (HBM), 1 for a
   TPU's on-chip memory (VMEM), whose heap XLA:TPU's figure follows when it
   is the higher (a program small enough to live on chip)."""
+  lifetimes: dict[int, tuple[int, int]] = dataclasses.field(default_factory=dict)
+  """Logical buffer id -> the first and last entry step the followed trace
+  holds its storage (inclusive); a buffer that takes over another's
+  storage holds it from the step it does, and the other until the step
+  before (the storage is counted once, as the heap counts it)."""
 
 
 def read_heap_trace(assignment: bytes, module: HloModule) -> HeapTrace | None:
@@ -72,7 +80,8 @@ def read_heap_trace(assignment: bytes, module: HloModule) -> HeapTrace | None:
   peak = max(replays[highest], default=0) + indefinite
   colors = collections.Counter(buffers[event[1]][1] for event in traces[highest])
   return HeapTrace(peak, indefinite, tuple(b + indefinite for b in step_bytes),
-                   colors.most_common(1)[0][0] if colors else 0)
+                   colors.most_common(1)[0][0] if colors else 0,
+                   _lifetimes(traces[highest], steps, module.entry))
 
 
 def _logical_buffers(data: bytes) -> dict[int, tuple[int, int]]:
@@ -141,6 +150,34 @@ def _replay(events, buffers) -> list[int]:
   return out
 
 
+def _lifetimes(events, steps, entry: str) -> dict[int, tuple[int, int]]:
+  """Each entry buffer's first and last step holding storage in the trace
+  (``HeapTrace.lifetimes``). A called computation's events are left out:
+  its buffers run within one step, and one sharing an entry buffer's
+  storage (a loop body's state) does not end the entry buffer's hold."""
+  start: dict[int, int] = {}
+  end: dict[int, int] = {}
+  holder: dict[int, int] = {}  # storage -> the buffer holding it last
+  storage_of: dict[int, int] = {}
+  for (kind, buffer, shared, computation, _), step in zip(events, steps):
+    if computation != entry:
+      continue
+    if kind == _FREE:
+      if holder.get(storage_of.get(buffer, buffer)) == buffer:
+        end[buffer] = step
+      end.setdefault(buffer, step)
+      continue
+    start[buffer] = step
+    storage = buffer if kind == _ALLOC else shared
+    storage_of[buffer] = storage
+    previous = holder.get(storage)
+    if previous is not None and end.get(previous, step) >= step:  # handed over
+      end[previous] = step - 1
+    holder[storage] = buffer
+  last = steps[-1] if steps else 0
+  return {b: (s, end.get(b, last)) for b, s in start.items()}
+
+
 def _indefinite(buffers, allocations, owner, traces) -> int:
   """Device memory (color 0) outside every trace that lives for the whole
   program: each parameter, output or constant allocation holding such a
@@ -161,16 +198,23 @@ def _indefinite(buffers, allocations, owner, traces) -> int:
 
 
 def _steps_of(events, module: HloModule) -> list[int]:
-  """The entry step of each event: an allocation's instruction gives it
-  (an instruction of a called computation, the step that calls it); the
-  other events happen at the step reached so far."""
+  """The entry step of each event. An entry buffer's allocation, or its
+  taking over another's storage (a loop's state, an in-place update), is
+  at its instruction's step; a called computation's, at the next step
+  from the one reached so far that runs it (a computation several steps
+  call, such as a reduction's, belongs to the one running now); a free
+  names the buffer's own instruction, not the one that frees it, so it
+  happens at the step reached so far."""
   entry = {ins.name: step for step, ins in enumerate(module.entry_instructions)}
-  called = module.steps_running()
+  called = {name: sorted(at) for name, at in module.steps_running().items()}
   steps, step = [], 0
   for kind, _, _, computation, instruction in events:
-    if kind == _ALLOC:
-      found = (entry.get(instruction) if computation == module.entry
-               else min(called.get(computation, ()), default=None))
+    if kind != _FREE:
+      if computation == module.entry:
+        found = entry.get(instruction)
+      else:
+        at = called.get(computation, [])
+        found = next((s for s in at if s >= step), at[-1] if at else None)
       if found is not None:
         step = max(step, found)
     steps.append(step)

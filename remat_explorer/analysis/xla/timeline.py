@@ -14,7 +14,10 @@ lists it in run order):
 * ``live_bytes``: the bytes of the buffers live at each step, from the
   liveness model of ``liveness.py`` (kept consistent with XLA's placement).
   Its peak is the largest set of buffers live at once, never above the
-  placed peak (fragmentation makes up the difference).
+  placed peak (fragmentation makes up the difference). On TPUs and GPUs
+  each entry buffer XLA's heap simulation traces is live at the steps the
+  simulation holds it, so the two curves meet wherever the model of a
+  loop body's temporaries and of the outputs' storage does not enter.
 
 ``peak_bytes`` is the placed peak where XLA's buffer assignment is known
 (the live peak otherwise, e.g. for HLO text alone), and ``peak_step`` the
@@ -179,6 +182,7 @@ def timeline_of(module: HloModule, placement: BufferAssignment | None = None,
   instrs, found = live_ranges(module, placed_at)
   if heap is not None:
     placed = list(heap.step_bytes)
+    _live_as_the_heap_holds(found, module, placement, heap)
   else:
     placed = None if placement is None else _placed_bytes(module, placement, found)
   origins = _Origins(ModuleProvenance(module, stacks), placed_at)
@@ -201,6 +205,24 @@ def timeline_of(module: HloModule, placement: BufferAssignment | None = None,
                         top, peak_step, None if placed is None else tuple(placed),
                         tuple(pass_of(i.op_name) for i in instrs),
                         'on-chip' if heap is not None and heap.color else 'device')
+
+
+def _live_as_the_heap_holds(found: list[LiveBuffer], module: HloModule,
+                            placement: BufferAssignment | None, heap: HeapTrace) -> None:
+  """Give each buffer of the entry computation that XLA's heap simulation
+  traces the steps the simulation holds it, in place of the liveness
+  model's: the buffers live at a step then add up to XLA's heap there
+  (a loop's temporaries, parameters and outputs, which the trace leaves
+  out, keep the model's)."""
+  if placement is None or not heap.lifetimes:
+    return
+  held = {(p.instruction, p.shape_index): heap.lifetimes[p.logical_buffer]
+          for p in placement.buffers
+          if p.computation == module.entry and p.logical_buffer in heap.lifetimes}
+  for b in found:
+    steps = held.get((b.instruction, b.shape_index))
+    if steps is not None and b.kind == 'value' and not b.is_parameter:
+      b.start, b.end = steps
 
 
 def _live(steps: int, buffers) -> list[int]:
