@@ -70,12 +70,18 @@ Placed = dict[str, dict[tuple[str, tuple], tuple[int, int, int]]]
 bytes) of the buffers XLA placed in temporary allocations."""
 
 
-def live_ranges(module: HloModule, placed: Placed | None = None
+def live_ranges(module: HloModule, placed: Placed | None = None,
+                in_output_storage: set | None = None
                 ) -> tuple[list[Instruction], list[LiveBuffer]]:
   """The entry computation's schedule and its buffers with live ranges,
-  cut where XLA's placement (`placed`) shows two were not live at once."""
+  cut where XLA's placement (`placed`) shows two were not live at once.
+  `in_output_storage`: the (instruction, shape index) of the temporaries
+  XLA placed in an output's allocation, where known; only those are held
+  in output storage not yet written (else any that fits, as XLA:CPU
+  parks them)."""
   graph = _Graph(module.computations, module.entry, {}, placed or {},
                  module.donations)
+  graph.in_output_storage = in_output_storage
   return graph.instrs, graph.buffers()
 
 
@@ -143,6 +149,7 @@ class _Graph:
                donations: Sequence[Donation] = ()):
     self.comps, self.instrs, self.peaks = comps, comps[name], peaks
     self.placed = placed
+    self.in_output_storage: set | None = None
     instrs = self.instrs
     self.bufs: list[LiveBuffer] = []
     self.extra: dict[int, int] = {}  # step -> peak of the computations it runs
@@ -313,6 +320,9 @@ class _Graph:
     temps = [b for n, b in enumerate(self.bufs) if n not in chained
              and not b.is_parameter and not b.leaf.memory_space]
     for t in sorted(temps, key=lambda b: (-b.leaf.bytes, b.start)):
+      if (self.in_output_storage is not None
+          and (t.instruction, t.shape_index) not in self.in_output_storage):
+        continue
       for first, size, _, parked in stores:
         if (t.leaf.bytes <= size and t.end < first
             and all(t.end < s or t.start > e for s, e, _ in parked)):

@@ -16,8 +16,10 @@ lists it in run order):
   Its peak is the largest set of buffers live at once, never above the
   placed peak (fragmentation makes up the difference). On TPUs and GPUs
   each entry buffer XLA's heap simulation traces is live at the steps the
-  simulation holds it, so the two curves meet wherever the model of a
-  loop body's temporaries and of the outputs' storage does not enter.
+  simulation holds it, and only the temporaries XLA placed in an output's
+  allocation are held in its storage before it is written: the two
+  curves meet wherever the model of a loop body's temporaries does not
+  enter.
 
 ``peak_bytes`` is the placed peak where XLA's buffer assignment is known
 (the live peak otherwise, e.g. for HLO text alone), and ``peak_step`` the
@@ -179,7 +181,7 @@ def timeline_of(module: HloModule, placement: BufferAssignment | None = None,
   simulation, where read (TPUs, GPUs): the placed curve is then XLA's heap
   along the schedule, whose peak is XLA's reported peak."""
   placed_at = _placed_temp_buffers(placement)
-  instrs, found = live_ranges(module, placed_at)
+  instrs, found = live_ranges(module, placed_at, _in_output_storage(module, placement, heap))
   if heap is not None:
     placed = list(heap.step_bytes)
     _live_as_the_heap_holds(found, module, placement, heap)
@@ -205,6 +207,18 @@ def timeline_of(module: HloModule, placement: BufferAssignment | None = None,
                         top, peak_step, None if placed is None else tuple(placed),
                         tuple(pass_of(i.op_name) for i in instrs),
                         'on-chip' if heap is not None and heap.color else 'device')
+
+
+def _in_output_storage(module: HloModule, placement: BufferAssignment | None,
+                       heap: HeapTrace | None) -> set | None:
+  """Where XLA's heap simulation holds the temporaries (TPUs, GPUs): the
+  entry buffers XLA placed in an output's allocation, the only ones held
+  in output storage not yet written; None elsewhere."""
+  if heap is None or placement is None:
+    return None
+  return {(p.instruction, p.shape_index) for p in placement.buffers
+          if p.computation == module.entry
+          and placement.allocations[p.allocation].kind == 'output'}
 
 
 def _live_as_the_heap_holds(found: list[LiveBuffer], module: HloModule,
