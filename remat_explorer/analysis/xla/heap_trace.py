@@ -158,18 +158,14 @@ def _lifetimes(events, steps, entry: str) -> dict[int, tuple[int, int]]:
   start: dict[int, int] = {}
   end: dict[int, int] = {}
   holder: dict[int, int] = {}  # storage -> the buffer holding it last
-  storage_of: dict[int, int] = {}
   for (kind, buffer, shared, computation, _), step in zip(events, steps):
     if computation != entry:
       continue
-    if kind == _FREE:
-      if holder.get(storage_of.get(buffer, buffer)) == buffer:
-        end[buffer] = step
+    if kind == _FREE:  # unless it handed its storage over before
       end.setdefault(buffer, step)
       continue
     start[buffer] = step
     storage = buffer if kind == _ALLOC else shared
-    storage_of[buffer] = storage
     previous = holder.get(storage)
     if previous is not None and end.get(previous, step) >= step:  # handed over
       end[previous] = step - 1

@@ -80,8 +80,7 @@ def live_ranges(module: HloModule, placed: Placed | None = None,
   in output storage not yet written (else any that fits, as XLA:CPU
   parks them)."""
   graph = _Graph(module.computations, module.entry, {}, placed or {},
-                 module.donations)
-  graph.in_output_storage = in_output_storage
+                 module.donations, in_output_storage)
   return graph.instrs, graph.buffers()
 
 
@@ -146,10 +145,9 @@ class _Graph:
 
   def __init__(self, comps: dict[str, list[Instruction]], name: str,
                peaks: dict[str, int], placed: Placed,
-               donations: Sequence[Donation] = ()):
+               donations: Sequence[Donation] = (), in_output_storage: set | None = None):
     self.comps, self.instrs, self.peaks = comps, comps[name], peaks
-    self.placed = placed
-    self.in_output_storage: set | None = None
+    self.placed, self.in_output_storage = placed, in_output_storage
     instrs = self.instrs
     self.bufs: list[LiveBuffer] = []
     self.extra: dict[int, int] = {}  # step -> peak of the computations it runs
