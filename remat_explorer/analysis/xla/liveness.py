@@ -312,31 +312,33 @@ class _Graph:
         chained.add(first)
       if self.bufs[first].is_parameter:  # a donated parameter's storage
         continue
-      stores.append((self.bufs[first].start, self.bufs[o].leaf.bytes,
-                     self.bufs[o], []))
+      stores.append((self.bufs[first].start, self.bufs[o].leaf.bytes, self.bufs[o]))
     stores.sort(key=lambda s: s[1])
     temps = [b for n, b in enumerate(self.bufs) if n not in chained
              and not b.is_parameter and not b.leaf.memory_space]
+    # Bytes of each store lent to temporaries, by step. XLA:CPU parks one
+    # temporary at a time in a store, any that fits; where XLA's placement
+    # says which temporaries it put in output storage, those share it.
+    placed_there = self.in_output_storage
+    lent = [[0] * first for first, _, _ in stores]
     for t in sorted(temps, key=lambda b: (-b.leaf.bytes, b.start)):
-      if (self.in_output_storage is not None
-          and (t.instruction, t.shape_index) not in self.in_output_storage):
+      if placed_there is not None and (t.instruction, t.shape_index) not in placed_there:
         continue
-      for first, size, _, parked in stores:
-        if (t.leaf.bytes <= size and t.end < first
-            and all(t.end < s or t.start > e for s, e, _ in parked)):
-          parked.append((t.start, t.end, t.leaf.bytes))
+      for (first, size, _), taken in zip(stores, lent):
+        if t.end >= first or t.leaf.bytes > size:
+          continue
+        span = taken[t.start:t.end + 1]
+        if (max(span, default=0) + t.leaf.bytes <= size if placed_there is not None
+            else not any(span)):
+          taken[t.start:t.end + 1] = [n + t.leaf.bytes for n in span]
           break
     out = []
-    for first, size, output, parked in stores:
-      pieces, pos = [], 0
-      for s, e, nbytes in sorted(parked):
-        pieces += [(pos, s - 1, size), (s, e, size - nbytes)]
-        pos = e + 1
-      for s, e, nbytes in pieces + [(pos, first - 1, size)]:
-        if nbytes and s <= e:
+    for (first, size, output), taken in zip(stores, lent):
+      for start, end, held in _runs([size - n for n in taken]):
+        if held:
           out.append(LiveBuffer(f'{output.name}/reserved', output.instruction,
-                                output.shape_index, output.leaf._replace(bytes=nbytes),
-                                s, '', kind='reserved', end=e))
+                                output.shape_index, output.leaf._replace(bytes=held),
+                                start, '', kind='reserved', end=end))
     return out
 
   def buffers(self) -> list[LiveBuffer]:
@@ -346,6 +348,17 @@ class _Graph:
       out.append(LiveBuffer(f'{ins.name}/temps', ins.name, (), Leaf(extra, 0, ''),
                             i, ins.op_name, ins.source, kind='temps', end=i))
     return out + self._reserved()
+
+
+def _runs(values: list[int]) -> list[tuple[int, int, int]]:
+  """(first, last, value) of each run of equal `values`."""
+  out: list[tuple[int, int, int]] = []
+  for i, v in enumerate(values):
+    if out and out[-1][2] == v:
+      out[-1] = (out[-1][0], i, v)
+    else:
+      out.append((i, i, v))
+  return out
 
 
 def _passes_through(body: list[Instruction], k: int) -> bool:
