@@ -25,6 +25,7 @@ its liveness model's.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
 
@@ -210,7 +211,8 @@ def _steps_of(events, module: HloModule) -> list[int]:
         found = entry.get(instruction)
       else:
         at = called.get(computation, [])
-        found = next((s for s in at if s >= step), at[-1] if at else None)
+        later = bisect.bisect_left(at, step)
+        found = at[min(later, len(at) - 1)] if at else None
       if found is not None:
         step = max(step, found)
     steps.append(step)

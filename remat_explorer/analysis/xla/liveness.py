@@ -352,13 +352,8 @@ class _Graph:
 
 def _runs(values: list[int]) -> list[tuple[int, int, int]]:
   """(first, last, value) of each run of equal `values`."""
-  out: list[tuple[int, int, int]] = []
-  for i, v in enumerate(values):
-    if out and out[-1][2] == v:
-      out[-1] = (out[-1][0], i, v)
-    else:
-      out.append((i, i, v))
-  return out
+  runs = [list(run) for _, run in itertools.groupby(enumerate(values), key=lambda iv: iv[1])]
+  return [(run[0][0], run[-1][0], run[0][1]) for run in runs]
 
 
 def _passes_through(body: list[Instruction], k: int) -> bool:
