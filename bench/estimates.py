@@ -30,7 +30,8 @@ follows the target's platform (``split/backend.py``).
 
 Then ``search_policy(rank_by_estimate=True)`` on the example transformer at
 a few budgets, and on the Flax Linen, NNX and Equinox transformers between
-the extremes: the compiles it runs (target: at most 3), its answer beside
+the extremes (also at the tests' sizes, batch 2 and 8 tokens): the
+compiles it runs (target: at most 3), its answer beside
 the search that compiles every candidate, and the candidates that search
 compiled which beat it (target: none); and the rows its own table shows at
 calibrated estimates: how far they land from their compiles, and any that
@@ -254,10 +255,15 @@ def bench_search(target=None, frameworks=True) -> None:
     searched = {'transformer': (loss_fn, on_one_device(args, target))}
   if frameworks and devices == 1:
     import framework_models
-    searched.update({name: (loss_fn, on_one_device(args, target)) for name, (loss_fn, args) in (
-        ('flax linen', framework_models.linen_transformer()),
-        ('flax nnx', framework_models.nnx_transformer()),
-        ('equinox', framework_models.equinox_transformer()))})
+    builds = (('flax linen', framework_models.linen_transformer),
+              ('flax nnx', framework_models.nnx_transformer),
+              ('equinox', framework_models.equinox_transformer))
+    searched.update({name: (loss_fn, on_one_device(args, target))
+                     for name, build in builds for loss_fn, args in [build()]})
+    # Also at the sizes tests/test_search_front.py searches them at, where
+    # the compiled peaks are under a megabyte and lie bytes apart.
+    searched.update({f'{name} (batch 2, seq 8)': (loss_fn, on_one_device(args, target))
+                     for name, build in builds for loss_fn, args in [build(batch=2, seq=8)]})
   for name, (loss_fn, args) in searched.items():
     budgets = (0.0, 0.5, 1.0, 'bytes') if name == 'transformer' else (0.25, 0.5, 0.75)
     half = None
