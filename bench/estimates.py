@@ -258,12 +258,12 @@ def bench_search(target=None, frameworks=True) -> None:
     builds = (('flax linen', framework_models.linen_transformer),
               ('flax nnx', framework_models.nnx_transformer),
               ('equinox', framework_models.equinox_transformer))
-    searched.update({name: (loss_fn, on_one_device(args, target))
-                     for name, build in builds for loss_fn, args in [build()]})
     # Also at the sizes tests/test_search_front.py searches them at, where
     # the compiled peaks are under a megabyte and lie bytes apart.
-    searched.update({f'{name} (batch 2, seq 8)': (loss_fn, on_one_device(args, target))
-                     for name, build in builds for loss_fn, args in [build(batch=2, seq=8)]})
+    for suffix, sizes in (('', {}), (' (batch 2, seq 8)', {'batch': 2, 'seq': 8})):
+      for name, build in builds:
+        loss_fn, args = build(**sizes)
+        searched[name + suffix] = (loss_fn, on_one_device(args, target))
   for name, (loss_fn, args) in searched.items():
     budgets = (0.0, 0.5, 1.0, 'bytes') if name == 'transformer' else (0.25, 0.5, 0.75)
     half = None
