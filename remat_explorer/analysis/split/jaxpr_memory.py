@@ -97,12 +97,14 @@ class _Scope:
     self.made_by: dict = {}  # root -> the operation that writes it
     computed: dict = {}  # what an elementwise equation computes -> its value
     root = self.root.get
+    backward_side = (self._recompute_read_only_backward(outputs)
+                     if backend.fuses_recompute_into_backward else set())
     for i, op in enumerate(self.ops):
       if not self.live[i]:
         continue
       kind = op.kind
       op.roots = {root(k, k) for k in op.reads if k is not None}
-      backward = op.is_backward()
+      backward = op.is_backward() or i in backward_side
       for r in op.roots:
         self.last_use[r] = i
         first_use.setdefault(r, i)
@@ -197,6 +199,31 @@ class _Scope:
           if self.of(k) in sliced and op.name != 'dot_general':
             self.bytes[self.of(k)] = sliced[self.of(k)]
             self.slices_read_through_barriers.add(self.of(k))
+
+  def _recompute_read_only_backward(self, outputs) -> set:
+    """Indices of remat's recompute equations (made from what its barrier
+    reads) whose values, through fusing equations, reach only the
+    backward pass: not a recompute equation XLA does not fuse (a matmul),
+    nor the program's outputs. XLA fuses them into the backward pass's
+    fusions (``backend.py``)."""
+    recomputed: set = set()
+    for op in self.ops:
+      if not op.is_backward() and (op.fenced.intersection(op.reads)
+                                   or not recomputed.isdisjoint(op.reads)):
+        recomputed.update(op.writes)
+    forward_reads = set(outputs)  # keys read by forward work
+    found = set()
+    for i in reversed(range(len(self.ops))):
+      op = self.ops[i]
+      if not self.live[i] or op.is_backward():
+        continue
+      recompute = not recomputed.isdisjoint(op.writes)
+      if (recompute and op.kind != 'materialising'
+          and forward_reads.isdisjoint(op.writes)):
+        found.add(i)
+        continue
+      forward_reads.update(k for k in op.reads if k is not None)
+    return found
 
   def _cheap_barrier_reads(self, first_use) -> dict:
     """Values remat's backward block reads through its barrier that the
