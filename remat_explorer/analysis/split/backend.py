@@ -227,6 +227,10 @@ and ``everything_saveable``, but still gives no remat and
 keeps the last block's forward ``y`` into the backward pass, where the
 loss's gradient computes ``relu(y)`` again from it, while the rule has
 the gradient read the value made apart.)
+They are also what sets Flax BERT's ``dots_with_no_batch_dims_saveable``
+32 MiB above its other policies: the recompute, run with the forward pass,
+makes each layer's softmax denominator's reciprocal broadcast full size
+for the backward pass's row-sum reduction, and it lives until then.
 Nor is where XLA:CPU schedules a loss's gradient seed. In Flax BERT the
 scatter that ``take_along_axis``'s gradient makes (``f32[8,256,8192]``,
 64 MiB) reads only the token ids and a constant, and XLA:CPU makes it at

@@ -201,24 +201,17 @@ class _Scope:
             self.slices_read_through_barriers.add(self.of(k))
 
   def _recompute_read_only_backward(self, outputs) -> set:
-    """Indices of remat's recompute equations (made from what its barrier
-    reads) whose values, through fusing equations, reach only the
-    backward pass: not a recompute equation XLA does not fuse (a matmul),
-    nor the program's outputs. XLA fuses them into the backward pass's
-    fusions (``backend.py``)."""
-    recomputed: set = set()
-    for op in self.ops:
-      if not op.is_backward() and (op.fenced.intersection(op.reads)
-                                   or not recomputed.isdisjoint(op.reads)):
-        recomputed.update(op.writes)
+    """Indices of remat's recompute equations whose values, through fusing
+    equations, reach only the backward pass: not a recompute equation XLA
+    does not fuse (a matmul), nor the program's outputs. XLA fuses them
+    into the backward pass's fusions (``backend.py``)."""
     forward_reads = set(outputs)  # keys read by forward work
     found = set()
     for i in reversed(range(len(self.ops))):
       op = self.ops[i]
       if not self.live[i] or op.is_backward():
         continue
-      recompute = not recomputed.isdisjoint(op.writes)
-      if (recompute and op.kind != 'materialising'
+      if (op.in_recompute and op.kind != 'materialising'
           and forward_reads.isdisjoint(op.writes)):
         found.add(i)
         continue

@@ -101,13 +101,15 @@ def _call_body(eqn: JaxprEqn) -> Jaxpr | None:
 class Op:
   """One equation of a jaxpr with its calls inlined, reading and writing
   values by key; `in_backward`: its name stack (the calls' around it
-  included) is the backward pass's, not remat's recompute. An
+  included) is the backward pass's, not remat's recompute;
+  `in_recompute`: it is remat's recompute. An
   operation XLA adds that the jaxpr does not have (``backend.py``) has no
   equation: `added` says what it is and `added_bytes` what it writes."""
   eqn: JaxprEqn | None
   reads: list
   writes: list
   in_backward: bool = False
+  in_recompute: bool = False
   added: str = ''
   added_bytes: int = 0
   fenced: frozenset = frozenset()
@@ -162,12 +164,13 @@ def flatten(jaxpr: Jaxpr, env: dict, counter, ops: list, inputs: set,
     if spelled is None:
       where = f'{scope}/{stack}'
       spelled = scopes[id(stack), scope] = (
-          stack, where, in_backward_pass(where) and not in_recompute(where))
-    _, where, in_backward = spelled
+          stack, where, in_backward_pass(where) and not in_recompute(where),
+          in_recompute(where))
+    _, where, in_backward, recompute = spelled
     if body is None:
       writes = [next(counter) for _ in eqn.outvars]
       env.update(zip(eqn.outvars, writes))
-      ops.append(Op(eqn, reads, writes, in_backward, fenced=fenced))
+      ops.append(Op(eqn, reads, writes, in_backward, recompute, fenced=fenced))
       continue
     # A literal argument is a value nothing makes: a fresh key.
     inner_env = {v: next(counter) if k is None else k for v, k in zip(body.invars, reads)}
@@ -285,7 +288,7 @@ def with_layout_copies(ops: list[Op]) -> list[Op]:
                     and maker.name not in EXPENSIVE)
         reads = [k for k in maker.reads if k is not None] if repeated else [source]
         copies[key] = Op(None, reads, [key], maker.in_backward if maker else False,
-                         added='layout copy',
+                         maker.in_recompute if maker else False, added='layout copy',
                          added_bytes=value_bytes(op.eqn.invars[position]))
         after.setdefault(at, []).append(copies[key])
       op.reads[position] = key

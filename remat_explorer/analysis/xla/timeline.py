@@ -216,9 +216,8 @@ def _in_output_storage(module: HloModule, placement: BufferAssignment | None,
   in output storage not yet written; None elsewhere."""
   if heap is None or placement is None:
     return None
-  return {(p.instruction, p.shape_index) for p in placement.buffers
-          if p.computation == module.entry
-          and placement.allocations[p.allocation].kind == 'output'}
+  return {(p.instruction, p.shape_index) for p in _entry_buffers(module, placement)
+          if placement.allocations[p.allocation].kind == 'output'}
 
 
 def _live_as_the_heap_holds(found: list[LiveBuffer], module: HloModule,
@@ -231,12 +230,16 @@ def _live_as_the_heap_holds(found: list[LiveBuffer], module: HloModule,
   if placement is None or not heap.lifetimes:
     return
   held = {(p.instruction, p.shape_index): heap.lifetimes[p.logical_buffer]
-          for p in placement.buffers
-          if p.computation == module.entry and p.logical_buffer in heap.lifetimes}
+          for p in _entry_buffers(module, placement) if p.logical_buffer in heap.lifetimes}
   for b in found:
     steps = held.get((b.instruction, b.shape_index))
     if steps is not None and b.kind == 'value' and not b.is_parameter:
       b.start, b.end = steps
+
+
+def _entry_buffers(module: HloModule, placement: BufferAssignment):
+  """The buffers XLA placed for the entry computation's values."""
+  return (p for p in placement.buffers if p.computation == module.entry)
 
 
 def _live(steps: int, buffers) -> list[int]:
