@@ -6,6 +6,7 @@ comparison and never adds an option twice."""
 import html
 import re
 
+import jax
 import jax.numpy as jnp
 import pytest
 
@@ -13,6 +14,7 @@ import remat_explorer as rx
 from remat_explorer import examples
 from remat_explorer.analysis import (NO_REMAT, analyze, compile_costs, live_at_peak,
                                      policy_source, search_policy)
+from remat_explorer.analysis.context import compiles_run
 from remat_explorer.engine.policies import checkpoint_policies as cp
 from remat_explorer.viz.widget import _panels, _search
 from remat_explorer.viz.text import format_bytes, html_text
@@ -47,6 +49,41 @@ def test_the_explorer_opens_on_the_program_as_written(problem):
   assert plain.policy.options[0] == plain.policy.value == 'as written (no remat)'
   plain.wait(300)
   assert plain.error.value == ''
+
+
+def _costs_row(e, row: str) -> int:
+  """The bytes the Costs tab shows in `row` (``temp bytes``, ...)."""
+  found = re.search(rf'<td>{row}</td><td>([\d,]+) ', e.costs_view.value)
+  assert found, e.costs_view.value
+  return int(found.group(1).replace(',', ''))
+
+
+def test_a_loss_with_aux_is_explored_with_has_aux_as_value_and_grad_takes_it():
+  """A loss that returns (loss, aux), as one returning its metrics does:
+  without has_aux the Explorer opens on the error that says to pass it,
+  having compiled nothing; with has_aux=True every view is that of the
+  loss alone differentiated, the step jax.value_and_grad(...,
+  has_aux=True) compiles."""
+  w, x = jax.random.normal(jax.random.key(7), (2, 16, 16))
+
+  def loss(w, x):
+    y = rx.checkpoint(lambda h: jnp.tanh(h @ w))(x)
+    return jnp.sum(jnp.sin(y @ w)), {'activations': y}
+  before = compiles_run()
+  forgot = rx.explore(loss, w, x)
+  forgot.wait(300)
+  assert 'pass has_aux=True' in html.unescape(forgot.error.value)
+  assert compiles_run() == before
+  e = rx.explore(loss, w, x, has_aux=True)
+  e.wait(300)
+  assert e.error.value == ''
+  assert e.current_report() == analyze(loss, w, x, has_aux=True)
+  by_hand = jax.jit(jax.value_and_grad(loss, has_aux=True)).lower(w, x).compile()
+  memory = by_hand.memory_analysis()
+  assert _costs_row(e, 'temp bytes') == memory.temp_size_in_bytes
+  assert _costs_row(e, 'output bytes') == memory.output_size_in_bytes
+  with pytest.raises(TypeError, match='has_aux must be True or False, got 1'):
+    rx.explore(loss, w, x, has_aux=1)
 
 
 def test_a_program_that_fails_as_written_opens_with_its_error_and_recovers():

@@ -14,7 +14,7 @@ import inspect
 from collections.abc import Mapping
 
 from remat_explorer import engine
-from remat_explorer.analysis.program.problem import function_name
+from remat_explorer.analysis.program.problem import check_has_aux, function_name
 
 # The analysis' entry points, each registered where it is defined (they sit
 # in layers above this one), so that a keyword given to the wrong one
@@ -39,7 +39,10 @@ def check_keywords(entry, f, kwargs: Mapping, **given_options) -> None:
   """Refuse keywords in `kwargs` that neither `entry` (an entry point such as
   ``analyze``) nor `f` (or each function of a mapping) accepts, naming the
   option they resemble; refuse an option of `entry` given a value (not its
-  default) whose name is also a keyword argument of `f`."""
+  default) whose name is also a keyword argument of `f`, and a `has_aux`
+  that is not a bool."""
+  if 'has_aux' in given_options:
+    check_has_aux(given_options['has_aux'])
   functions = list(f.values()) if isinstance(f, Mapping) else [f]
   options = _options(entry)
   defaults = {name: p.default for name, p in inspect.signature(entry).parameters.items()}

@@ -67,8 +67,7 @@ class Problem:
   def make(cls, f, args, kwargs, argnums=0, *, has_aux: bool = False,
            whole_function: bool = False, caller: str = 'analyze') -> 'Problem':
     check_function(f, caller)
-    if not isinstance(has_aux, bool):
-      raise TypeError(f'has_aux must be True or False, got {has_aux!r}.')
+    check_has_aux(has_aux)
     argnums = check_positions(argnums, len(args), 'argnums')
     leaves, in_tree = jax.tree_util.tree_flatten((args, kwargs))
     paths = [('args' if p[0].idx == 0 else 'kwargs') + jax.tree_util.keystr(p[1:])
@@ -240,6 +239,11 @@ def check_function(f, caller: str) -> None:
   raise TypeError(
       f'{caller} expects the function to analyze as its first argument, but '
       f'got {_short(f)}. Call it as {caller}(loss_fn, *example_args).')
+
+
+def check_has_aux(has_aux) -> None:
+  if not isinstance(has_aux, bool):
+    raise TypeError(f'has_aux must be True or False, got {has_aux!r}.')
 
 
 def check_positions(positions, num_args, name: str,

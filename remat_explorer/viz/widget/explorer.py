@@ -37,8 +37,12 @@ from remat_explorer.viz.html.tables import (RESIDUAL_SORT_KEYS, report_jaxprs_ht
                                        residual_table_html)
 
 
-def explore(f, *args, argnums=0, **kwargs):
+def explore(f, *args, argnums=0, has_aux=False, **kwargs):
   """Open the Explorer on `f` at `args`.
+
+  `argnums` and `has_aux` mean what they mean for ``jax.value_and_grad``:
+  with ``has_aux=True``, `f` returns ``(loss, aux)`` and only the loss is
+  differentiated, in every view.
 
   `f` may also be a mapping from labels to functions of the same arguments,
   such as layouts of one long scan (``{'every': f0, 'sqrt': f1}``): a
@@ -58,8 +62,8 @@ def explore(f, *args, argnums=0, **kwargs):
     >>> explorer.stop()
   """
   _layouts(f)
-  check_keywords(explore, f, kwargs, argnums=argnums)
-  return Explorer(f, *args, argnums=argnums, **kwargs)
+  check_keywords(explore, f, kwargs, argnums=argnums, has_aux=has_aux)
+  return Explorer(f, *args, argnums=argnums, has_aux=has_aux, **kwargs)
 
 
 def _layouts(f) -> dict | None:
@@ -117,12 +121,14 @@ class Explorer:
     >>> explorer.stop()
   """
 
-  def __init__(self, f, *args, argnums=0, **kwargs):
+  def __init__(self, f, *args, argnums=0, has_aux=False, **kwargs):
     self.layouts = _layouts(f)
     require_lab('The Explorer')
     import ipywidgets as w
     self._function = None if self.layouts else f
-    self.args, self.kwargs, self.argnums = args, kwargs, argnums
+    # Every analysis, compile and search of the views gets the function's
+    # own keywords and `has_aux` through these.
+    self.args, self.kwargs, self.argnums = args, dict(kwargs, has_aux=has_aux), argnums
     # Layouts of one computation (functions of the same arguments): the
     # control picks the function every view analyzes.
     self.layout = w.Dropdown(options=list(self.layouts or ()), description='layout',
