@@ -1,5 +1,6 @@
 """A step compiled by hand, as its user compiles it:
-``jax.jit(jax.value_and_grad(loss)).lower(*args).compile()``.
+``jax.jit(jax.value_and_grad(loss)).lower(*args).compile()``; and the
+compiles XLA runs while a block of code does (``xla_compiles``).
 
 For arguments on a compile-only GPU the compile is given this thread's
 kernel cache, the one the explorer's analysis compiles take
@@ -11,6 +12,8 @@ compares the two).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import jax
 
@@ -31,3 +34,20 @@ def compile_by_hand(function, *args):
 def step_by_hand(loss, *args, argnums=0):
   """The training step of `loss` compiled by hand."""
   return compile_by_hand(jax.jit(jax.value_and_grad(loss, argnums=argnums)), *args)
+
+
+@contextlib.contextmanager
+def xla_compiles():
+  """A list that gathers one entry per XLA compile run while the block
+  runs, on any thread (the explorer compiles on worker threads), from
+  JAX's compile events; a program loaded from a cache is not one."""
+  compiled = []
+
+  def listener(event, seconds, **kwargs):
+    if event == '/jax/core/compile/backend_compile_duration':
+      compiled.append(seconds)
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    yield compiled
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)

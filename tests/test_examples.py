@@ -9,6 +9,7 @@ import pytest
 
 import remat_explorer as rx
 from remat_explorer import examples
+from tests.by_hand import xla_compiles
 from tests.parity import jax_residual_bytes
 
 policies = rx.checkpoint_policies
@@ -265,17 +266,10 @@ def test_drawing_the_arguments_compiles_nothing():
   one per shape), and the abstract arguments are the drawn ones' shapes
   and dtypes."""
   build = lambda case, **kw: examples.build(case.removesuffix('_scan'), **UNSHARED[case], **kw)
-  compiles = []
-  def listener(event, seconds, **kwargs):
-    if event == '/jax/core/compile/backend_compile_duration':
-      compiles.append(event)
-  jax.monitoring.register_event_duration_secs_listener(listener)
-  try:
+  with xla_compiles() as compiles:
     built = {case: build(case, seed=5)[1] for case in CASES}
     mesh = examples.data_model_mesh(1, 1)
     _, sharded = examples.sharded_transformer(mesh, **UNSHARED['transformer'], seed=5)
-  finally:
-    jax.monitoring.unregister_event_duration_listener(listener)
   assert compiles == []
   shape = lambda x: (x.shape, x.dtype)
   for case, args in built.items():

@@ -17,6 +17,7 @@ from remat_explorer.analysis import (NO_REMAT, analyze, compile_costs, live_at_p
 from remat_explorer.engine.policies import checkpoint_policies as cp
 from remat_explorer.viz.widget import _panels, _search
 from remat_explorer.viz.text import format_bytes, html_text
+from tests.by_hand import xla_compiles
 from tests.framework_models import nnx_transformer
 
 # One worker runs the module: its tests share the compiles they cache
@@ -68,17 +69,9 @@ def test_a_loss_with_aux_is_explored_with_has_aux_as_value_and_grad_takes_it():
   def loss(w, x):
     y = rx.checkpoint(lambda h: jnp.tanh(h @ w))(x)
     return jnp.sum(jnp.sin(y @ w)), {'activations': y}
-  compiled = []  # by any thread: the Explorer compiles on its workers
-
-  def listener(event, seconds, **kwargs):
-    if event == '/jax/core/compile/backend_compile_duration':
-      compiled.append(event)
-  jax.monitoring.register_event_duration_secs_listener(listener)
-  try:
+  with xla_compiles() as compiled:  # on any thread: the Explorer's workers too
     forgot = rx.explore(loss, w, x)
     forgot.wait(300)
-  finally:
-    jax.monitoring.unregister_event_duration_listener(listener)
   assert 'pass has_aux=True' in html.unescape(forgot.error.value)
   assert compiled == [] and forgot.costs_view.value == ''
   e = rx.explore(loss, w, x, has_aux=True)
