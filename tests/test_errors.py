@@ -201,6 +201,10 @@ def test_an_option_of_another_entry_point_is_named_and_the_functions_own_pass():
                                       r'analyze, compile_costs and estimate_costs, not of '
                                       r'search_policy\.$'):
     rx.search_policy(loss, W, memory_budget=0.5, policy=None)
+  # Even where it is close to one of this entry point's own options.
+  with pytest.raises(TypeError, match=r'got the keyword donate_argnums=.* donate_argnums= '
+                                      r'is an option of .*compile_costs.*, not of analyze\.$'):
+    rx.analyze(loss, W, donate_argnums=0)
   assert calls == []
   scaled = rx.analyze(loss, W, scale=2.0)  # the function's own keyword reaches it
   assert calls and scaled.residuals

@@ -80,15 +80,14 @@ def _unknown(entry: str, name: str, fn, options, names) -> str:
         takers.setdefault(option, []).append(other)
   others = {option: f'an option of {_listed(names)}, not of {entry}'
             for option, names in takers.items()}
-  hint = ''
+  # Spelt right and given to the wrong entry point, before any near miss
+  # (an option of this one is never unknown): ``estimate_costs``'
+  # ``donate_argnums=`` given to ``analyze`` is not a misspelt ``argnums=``.
+  hint = f' {name}= is {others[name]}.' if name in others else ''
   for candidates in (own, others):
-    if name in candidates:  # spelt right, given to the wrong entry point
-      hint = f' {name}= is {candidates[name]}.'
-      break
     close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
-    if close:
+    if close and not hint:
       hint = f' Did you mean {close[0]}= ({candidates[close[0]]})?'
-      break
   return (f'{entry} got the keyword {name}=, which is neither one of its options '
           f'nor an argument of {function_name(fn)}.{hint}')
 

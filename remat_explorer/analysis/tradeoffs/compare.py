@@ -26,6 +26,7 @@ from remat_explorer.analysis.tradeoffs.rows import (AS_WRITTEN, AS_WRITTEN_NO_RE
 from remat_explorer.analysis.policies.policy_info import NO_REMAT, describe_policy
 from remat_explorer.analysis.policies.policy_text import parse_policy
 from remat_explorer.analysis.program.blocks import DEFAULT_LOWERING
+from remat_explorer.analysis.program.problem import check_positions
 from remat_explorer.analysis.tradeoffs.merged_recompute import recompute_eliminated
 from remat_explorer.engine import checkpoint_policies
 
@@ -60,7 +61,7 @@ def compare(f, *args, policies: Mapping[str, Any] | Sequence | None = None,
             repeats: int = 0, include_no_remat: bool = True,
             include_as_written: bool = True, progress: Progress | None = None,
             parallel: int | None = None, suggest_lowering: bool = True,
-            **kwargs) -> Comparison:
+            donate_argnums=(), **kwargs) -> Comparison:
   """Analyze and compile `f`'s training step (``compile_costs``) under each
   policy, or each of several functions.
 
@@ -91,6 +92,11 @@ def compare(f, *args, policies: Mapping[str, Any] | Sequence | None = None,
   every compile has finished, one row at a time, so that nothing else
   shares the machine while they run.
 
+  `donate_argnums`: positional arguments donated to every row's step, as
+  ``compile_costs`` takes them (a training step jitted with
+  ``donate_argnums`` writes its gradients over them), checked before
+  anything is traced.
+
   Where XLA merged a row's recompute away (``PolicyRow.recompute_eliminated``)
   and `suggest_lowering`, that row's policy is also compiled under
   ``lowering='cond'``, which keeps the recompute, and the row says what it
@@ -110,11 +116,13 @@ def compare(f, *args, policies: Mapping[str, Any] | Sequence | None = None,
   check_keywords(compare, f, kwargs, policies=policies, lowering=lowering, argnums=argnums,
                  has_aux=has_aux, repeats=repeats, include_no_remat=include_no_remat,
                  include_as_written=include_as_written, progress=progress,
-                 parallel=parallel, suggest_lowering=suggest_lowering)
+                 parallel=parallel, suggest_lowering=suggest_lowering,
+                 donate_argnums=donate_argnums)
+  donate = check_positions(donate_argnums, len(args), 'donate_argnums', allow_empty=True)
   common = dict(lowering=lowering, argnums=argnums, has_aux=has_aux, **kwargs)
   with full_collections_held_off():
     rows = _rows(f, args, common, policies, include_as_written, include_no_remat,
-                 parallel, progress, repeats, suggest_lowering)
+                 parallel, progress, repeats, suggest_lowering, donate)
   device = rows[0].costs
   functions = ' / '.join(dict.fromkeys(r.costs.function for r in rows))
   return Comparison(function=functions, device_kind=device.device_kind,
@@ -125,7 +133,7 @@ def compare(f, *args, policies: Mapping[str, Any] | Sequence | None = None,
 
 
 def _rows(f, args, common, policies, include_as_written, include_no_remat, parallel,
-          progress, repeats, suggest_lowering) -> list[PolicyRow]:
+          progress, repeats, suggest_lowering, donate) -> list[PolicyRow]:
   """The rows of `compare`, in its order, front and warnings marked."""
   if isinstance(f, Mapping):
     jobs = _layout_jobs(f, policies)
@@ -138,7 +146,7 @@ def _rows(f, args, common, policies, include_as_written, include_no_remat, paral
       jobs[NO_REMAT_LABEL] = (f, NO_REMAT)
     for label, policy in _resolve_policies(policies, first.names_in_program).items():
       jobs.setdefault(label, (f, policy))
-  rows = _run(jobs, args, common, parallel, progress, repeats, suggest_lowering)
+  rows = _run(jobs, args, common, parallel, progress, repeats, suggest_lowering, donate)
   return with_warnings(mark_pareto_front(rows))
 
 
@@ -157,7 +165,7 @@ def _layout_jobs(functions: Mapping, policies) -> dict[str, tuple]:
 
 
 def _run(jobs: dict[str, tuple], args, common, parallel, progress, repeats,
-         suggest_lowering) -> list[PolicyRow]:
+         suggest_lowering, donate) -> list[PolicyRow]:
   """One row per job (label -> (function, policy)), run times after.
 
   XLA compiles without Python's lock and this thread's work (tracing,
@@ -168,7 +176,8 @@ def _run(jobs: dict[str, tuple], args, common, parallel, progress, repeats,
   lands."""
   workers = max(1, min(parallel or COMPILES_AT_ONCE, len(jobs)))
   with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-    pipeline = _Pipeline(pool, jobs, args, common, progress, suggest_lowering, repeats)
+    pipeline = _Pipeline(pool, jobs, args, common, progress, suggest_lowering, repeats,
+                         donate)
     try:
       pipeline.start_compiles()
       pipeline.analyze_while_compiling()
@@ -184,10 +193,14 @@ class _Pipeline:
   Where XLA merged a row's recompute away and `suggest_lowering`, the same
   policy under ``KEEPS_RECOMPUTE`` is handed to the workers as soon as the
   row lands (``PolicyRow.kept_recompute``). Rows to be run (`repeats`) are
-  compiled in full, once: their runs are timed on those compiles."""
+  compiled in full, once: their runs are timed on those compiles. The
+  compiles take the donated arguments; the analyses, which the donations do
+  not change, do not."""
 
-  def __init__(self, pool, jobs, args, common, progress, suggest_lowering, repeats):
+  def __init__(self, pool, jobs, args, common, progress, suggest_lowering, repeats,
+               donate):
     self.pool, self.jobs, self.args, self.common = pool, jobs, args, common
+    self.step_options = dict(common, donate_argnums=donate)
     self.repeats = repeats
     self.progress = progress
     lowering = common.get('lowering') or DEFAULT_LOWERING
@@ -203,7 +216,7 @@ class _Pipeline:
       try:
         self.pending[label] = start_compile_costs(self.pool, fn, *self.args, policy=policy,
                                                   for_running=self.repeats > 0,
-                                                  **self.common)
+                                                  **self.step_options)
       except Exception as e:
         self._fail(label, fn, e)
         continue
@@ -289,7 +302,7 @@ class _Pipeline:
     fn, policy = self.jobs[label]
     try:
       started = start_compile_costs(self.pool, fn, *self.args, policy=policy,
-                                    **{**self.common, 'lowering': KEEPS_RECOMPUTE})
+                                    **{**self.step_options, 'lowering': KEEPS_RECOMPUTE})
     except Exception:  # the row stands as it is; the suggestion is what fails
       return
     self.pending[label, KEEPS_RECOMPUTE] = started

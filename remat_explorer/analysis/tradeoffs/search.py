@@ -44,6 +44,7 @@ from remat_explorer.analysis.split.estimate import CostEstimate, estimate_costs
 from remat_explorer.analysis.context import compiles_run
 from remat_explorer.analysis.full_collections import full_collections_held_off
 from remat_explorer.analysis.program.keywords import check_keywords, entry_point
+from remat_explorer.analysis.program.problem import check_positions
 from remat_explorer.analysis.policies.policy_info import NO_REMAT
 from remat_explorer.analysis.split.report import RematReport
 
@@ -56,7 +57,7 @@ Progress = Callable[[int, 'int | None', str], None]
 def search_policy(f, *args, memory_budget: int | float | str, argnums=0,
                   has_aux: bool = False, lowering: str | None = None,
                   progress: Progress | None = None, rank_by_estimate: bool = False,
-                  **kwargs) -> SearchResult:
+                  donate_argnums=(), **kwargs) -> SearchResult:
   """Find a policy whose compiled peak fits `memory_budget`, fewest FLOPs.
 
   `memory_budget`: bytes (an int); a fraction between 0.0 and 1.0 of the
@@ -82,6 +83,10 @@ def search_policy(f, *args, memory_budget: int | float | str, argnums=0,
   whose estimated saving lies within the estimate's FLOPs error (measured
   on the built-ins compiled).
 
+  `donate_argnums`: positional arguments donated to every candidate's
+  step, as ``compile_costs`` and ``estimate_costs`` take them; the budget
+  is measured against peaks with the donations.
+
   A candidate XLA does not compile is one that does not fit. Where XLA
   compiles none of them (or, for a fractional budget, not the two
   built-ins it is measured between) for a reason other than the device's
@@ -101,11 +106,12 @@ def search_policy(f, *args, memory_budget: int | float | str, argnums=0,
   """
   check_keywords(search_policy, f, kwargs, memory_budget=memory_budget, argnums=argnums,
                  has_aux=has_aux, lowering=lowering, progress=progress,
-                 rank_by_estimate=rank_by_estimate)
+                 rank_by_estimate=rank_by_estimate, donate_argnums=donate_argnums)
   check_budget_type(memory_budget)
+  donate = check_positions(donate_argnums, len(args), 'donate_argnums', allow_empty=True)
   if not isinstance(rank_by_estimate, bool):
     raise TypeError(f'rank_by_estimate must be True or False, got {rank_by_estimate!r}.')
-  run = _Runner(f, args, kwargs, argnums, has_aux, lowering, progress)
+  run = _Runner(f, args, kwargs, argnums, has_aux, lowering, progress, donate)
   with full_collections_held_off(), concurrent.futures.ThreadPoolExecutor(
       max_workers=COMPILES_AT_ONCE) as run.pool:
     try:
@@ -149,11 +155,14 @@ def _own_rows(run) -> dict[str, Any]:
 
 class _Runner:
   """Evaluates policies (analysis + compile), each once, counting the
-  compiles XLA really ran (not results found in ``compile_costs``' cache)."""
+  compiles XLA really ran (not results found in ``compile_costs``' cache).
+  Compiles and estimates take the donated arguments; the analyses, which
+  the donations do not change, do not."""
 
-  def __init__(self, f, args, kwargs, argnums, has_aux, lowering, progress):
+  def __init__(self, f, args, kwargs, argnums, has_aux, lowering, progress, donate):
     self.f, self.args = f, args
     self.options = dict(kwargs, argnums=argnums, has_aux=has_aux, lowering=lowering)
+    self.step_options = dict(self.options, donate_argnums=donate)
     self.progress = progress
     self.compiles_before = compiles_run()
     self.policies: dict[str, Any] = {}
@@ -175,7 +184,7 @@ class _Runner:
       if label not in self._evaluated and label not in self._started:
         try:
           self._started[label] = start_compile_costs(
-              self.pool, self.f, *self.args, policy=policy, **self.options)
+              self.pool, self.f, *self.args, policy=policy, **self.step_options)
         except Exception:  # ``evaluate`` compiles it, and says why it fails
           continue
 
@@ -188,7 +197,7 @@ class _Runner:
     if label not in self._evaluated:
       started = self._started.pop(label, None)
       self._keep(label, policy, started.result() if started is not None else
-                 compile_costs(self.f, *self.args, policy=policy, **self.options))
+                 compile_costs(self.f, *self.args, policy=policy, **self.step_options))
     return self._evaluated[label]
 
   def compiled_before(self, label, policy) -> tuple[CompiledCosts, RematReport] | None:
@@ -196,7 +205,8 @@ class _Runner:
     ``compile_costs``' cache (a ``compare`` or a search before compiled
     it), at no compile; None where it is not."""
     if label not in self._evaluated:
-      costs = cached_compile_costs(self.f, *self.args, policy=policy, **self.options)
+      costs = cached_compile_costs(self.f, *self.args, policy=policy,
+                                   **self.step_options)
       if costs is None:
         return None
       self._keep(label, policy, costs)
@@ -208,7 +218,7 @@ class _Runner:
 
   def estimate(self, label, policy) -> CostEstimate:
     self.policies.setdefault(label, policy)
-    return estimate_costs(self.f, *self.args, policy=policy, **self.options)
+    return estimate_costs(self.f, *self.args, policy=policy, **self.step_options)
 
   def best(self, budget, evaluated, estimated=()) -> SearchResult:
     """The answer among the compiled candidates `evaluated`; `estimated`:

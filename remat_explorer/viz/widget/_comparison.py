@@ -56,7 +56,7 @@ class ComparisonTab:
 
     def run(progress):
       comparison = compare(subject, *x.args, policies=policies, lowering=lowering,
-                           argnums=x.argnums, progress=progress, **x.kwargs)
+                           argnums=x.argnums, progress=progress, **x.step_kwargs)
       # The charts are drawn here only if the tab is open (else once it is).
       charts = (_panels.comparison_charts_html(comparison, selected, searched)
                 if self.is_open() else None)

@@ -50,7 +50,7 @@ class BudgetSearch:
 
   def _options(self, lowering) -> dict:
     x = self.explorer
-    return dict(x.kwargs, argnums=x.argnums, lowering=lowering)
+    return dict(x.step_kwargs, argnums=x.argnums, lowering=lowering)
 
   def _key(self) -> tuple:
     x = self.explorer

@@ -17,7 +17,7 @@ import jax
 
 from remat_explorer.analysis import (DEFAULT_LOWERING, LOWERINGS, NO_REMAT, analyze,
                                      compile_costs, estimate_costs, TraceSettings,
-                                     check_keywords)
+                                     check_keywords, check_positions)
 from remat_explorer.viz.widget import _panels
 from remat_explorer.viz.widget._comparison import ComparisonTab
 from remat_explorer.viz.widget._panels import (STALE, TABS, caption_html, error_text,
@@ -37,12 +37,14 @@ from remat_explorer.viz.html.tables import (RESIDUAL_SORT_KEYS, report_jaxprs_ht
                                        residual_table_html)
 
 
-def explore(f, *args, argnums=0, has_aux=False, **kwargs):
+def explore(f, *args, argnums=0, has_aux=False, donate_argnums=(), **kwargs):
   """Open the Explorer on `f` at `args`.
 
   `argnums` and `has_aux` mean what they mean for ``jax.value_and_grad``:
   with ``has_aux=True``, `f` returns ``(loss, aux)`` and only the loss is
-  differentiated, in every view.
+  differentiated, in every view. `donate_argnums` means what it means for
+  ``jax.jit``: every step the views compile or estimate donates those
+  arguments, as a training step jitted with them does.
 
   `f` may also be a mapping from labels to functions of the same arguments,
   such as layouts of one long scan (``{'every': f0, 'sqrt': f1}``): a
@@ -62,8 +64,10 @@ def explore(f, *args, argnums=0, has_aux=False, **kwargs):
     >>> explorer.stop()
   """
   _layouts(f)
-  check_keywords(explore, f, kwargs, argnums=argnums, has_aux=has_aux)
-  return Explorer(f, *args, argnums=argnums, has_aux=has_aux, **kwargs)
+  check_keywords(explore, f, kwargs, argnums=argnums, has_aux=has_aux,
+                 donate_argnums=donate_argnums)
+  return Explorer(f, *args, argnums=argnums, has_aux=has_aux,
+                  donate_argnums=donate_argnums, **kwargs)
 
 
 def _layouts(f) -> dict | None:
@@ -121,14 +125,22 @@ class Explorer:
     >>> explorer.stop()
   """
 
-  def __init__(self, f, *args, argnums=0, has_aux=False, **kwargs):
+  def __init__(self, f, *args, argnums=0, has_aux=False, donate_argnums=(), **kwargs):
     self.layouts = _layouts(f)
+    # Bad options raise here, before anything is traced; a program that
+    # cannot be analyzed opens with its error shown.
+    check_keywords(Explorer, f, kwargs, argnums=argnums, has_aux=has_aux,
+                   donate_argnums=donate_argnums)
+    check_positions(argnums, len(args), 'argnums')
+    donate = check_positions(donate_argnums, len(args), 'donate_argnums', allow_empty=True)
     require_lab('The Explorer')
     import ipywidgets as w
     self._function = None if self.layouts else f
     # Every analysis, compile and search of the views gets the function's
-    # own keywords and `has_aux` through these.
+    # own keywords and `has_aux` through these; every compile, estimate,
+    # comparison and search, the donated arguments too.
     self.args, self.kwargs, self.argnums = args, dict(kwargs, has_aux=has_aux), argnums
+    self.step_kwargs = dict(self.kwargs, donate_argnums=donate)
     # Layouts of one computation (functions of the same arguments): the
     # control picks the function every view analyzes.
     self.layout = w.Dropdown(options=list(self.layouts or ()), description='layout',
@@ -328,7 +340,7 @@ class Explorer:
     self._work.start(f'estimating under {label}',
                      lambda _: estimate_costs(fn, *self.args, policy=policy,
                                               lowering=lowering, argnums=self.argnums,
-                                              **self.kwargs),
+                                              **self.step_kwargs),
                      lambda estimate: self._show_estimate(generation, label, estimate),
                      lambda e: None, group='estimate', key=(label, lowering))
 
@@ -383,9 +395,9 @@ class Explorer:
     """On a worker: compile `fn` under `policy` and under no remat; the
     Costs tab drawn with them, and what the snapshot draws of them."""
     costs = compile_costs(fn, *self.args, policy=policy, lowering=lowering,
-                          argnums=self.argnums, **self.kwargs)
+                          argnums=self.argnums, **self.step_kwargs)
     baseline = compile_costs(fn, *self.args, policy=NO_REMAT, argnums=self.argnums,
-                             **self.kwargs)
+                             **self.step_kwargs)
     # The flag and the timeline read once, drawn twice.
     figures = None if costs.failed else compiled_figures(report, costs, baseline)
     return (_panels.costs_html(label, lowering, costs, baseline, report, figures),
