@@ -552,15 +552,35 @@ def test_equation_patterns_are_what_a_policy_sees_without_sizes():
   assert EquationPattern.of_equation(reshape) is None
 
 
+def test_a_budget_printed_as_a_size_is_taken_back_as_those_bytes(small_mlp):
+  """A budget as the explanations and the Explorer print it ("1.5 KiB":
+  powers of 1024) is the bytes it stands for; "GB" and "MB" are powers of
+  1000, as device makers write memory."""
+  loss_fn, args = small_mlp
+  halfway = search_policy(loss_fn, *args, memory_budget=0.5)
+  kib = halfway.budget_bytes // 1024
+  printed = format_bytes(kib * 1024)
+  assert printed.endswith(' KiB')
+  by_size = search_policy(loss_fn, *args, memory_budget=printed)
+  by_bytes = search_policy(loss_fn, *args, memory_budget=kib * 1024)
+  assert by_size.budget_bytes == by_bytes.budget_bytes == kib * 1024
+  assert (by_size.label, by_size.peak_bytes) == (by_bytes.label, by_bytes.peak_bytes)
+  assert search_policy(loss_fn, *args, memory_budget='0.002 GB').budget_bytes == 2_000_000
+  assert search_policy(loss_fn, *args, memory_budget='2MiB').budget_bytes == 2 << 20
+
+
 def test_search_budget_errors():
   program, args = _mlp(num_layers=2)
   with pytest.raises(ValueError, match='between 0'):
     search_policy(program, *args, memory_budget=1.5)
   with pytest.raises(TypeError, match='memory_budget'):
     search_policy(program, *args, memory_budget=[1 << 30])
-  # A string is a share of the device's memory, and only a percentage is one.
-  with pytest.raises(ValueError, match='percentage'):
-    search_policy(program, *args, memory_budget='1GB')
+  # A string is a size with its unit or a share of the device's memory.
+  with pytest.raises(ValueError, match=r"memory_budget='1 GX' is neither a size with its "
+                                       r'unit.* nor a share .* "90%"'):
+    search_policy(program, *args, memory_budget='1 GX')
+  with pytest.raises(ValueError, match='percentage above 0 and at most 100'):
+    search_policy(program, *args, memory_budget='120%')
   # An int is bytes: 1 byte cannot hold even the step's arguments.
   with pytest.raises(ValueError, match=r'memory_budget=1 is bytes.*pass a float'):
     search_policy(program, *args, memory_budget=1)

@@ -1,4 +1,5 @@
-"""A search's memory budget: bytes, a fraction of the way from
+"""A search's memory budget: bytes (an int, or a size with its unit such as
+"14 GiB", as budgets are printed), a fraction of the way from
 ``nothing_saveable``'s compiled peak to ``everything_saveable``'s, or a
 share of the device's memory ("90%"), checked before anything is compiled
 and resolved to bytes once the policies it is measured on are."""
@@ -8,6 +9,11 @@ from __future__ import annotations
 import re
 
 _SHARE = re.compile(r'\s*(\d+(?:\.\d*)?)\s*%\s*')
+_SIZE = re.compile(r'\s*(\d+(?:\.\d*)?|\.\d+)\s*([KMGT]i?B|kB|B)\s*')
+# A unit with an i is a power of 1024, as ``format_bytes`` prints budgets;
+# without one, of 1000, as device makers write memory sizes.
+_UNITS = {'B': 1, **{f'{p}{i}B': (1024 if i else 1000) ** (n + 1)
+                     for n, p in enumerate('KMGT') for i in ('', 'i')}, 'kB': 1000}
 
 
 def device_share(memory_budget: str) -> float:
@@ -19,14 +25,25 @@ def device_share(memory_budget: str) -> float:
   return float(m.group(1)) / 100
 
 
-def check_budget_type(memory_budget) -> None:
+def checked_budget(memory_budget) -> int | float | str:
+  """`memory_budget` checked, before anything is compiled: a size with its
+  unit (``"14 GiB"``) made bytes, anything else as given."""
   if isinstance(memory_budget, str):
-    device_share(memory_budget)
-    return
+    size = _SIZE.fullmatch(memory_budget)
+    if size is not None:
+      memory_budget = int(float(size.group(1)) * _UNITS[size.group(2)])
+    elif not memory_budget.strip().endswith('%'):
+      raise ValueError(
+          f'memory_budget={memory_budget!r} is neither a size with its unit, such as '
+          '"14 GiB" or "512 MiB" (KiB, MiB, GiB, TiB: powers of 1024; kB, MB, GB, TB: of '
+          '1000), nor a share of the device\'s memory as a percentage, such as "90%".')
+    else:
+      device_share(memory_budget)
+      return memory_budget
   if isinstance(memory_budget, bool) or not isinstance(memory_budget, (int, float)):
     raise TypeError(
-        f'memory_budget must be bytes (an int), a fraction (a float between '
-        f'0.0 and 1.0) or a share of the device\'s memory ("90%"), got '
+        f'memory_budget must be bytes (an int, or a size such as "14 GiB"), a fraction '
+        f'(a float between 0.0 and 1.0) or a share of the device\'s memory ("90%"), got '
         f'{type(memory_budget).__name__} {memory_budget!r}.')
   if isinstance(memory_budget, float) and not 0.0 <= memory_budget <= 1.0:
     raise ValueError(
@@ -35,6 +52,7 @@ def check_budget_type(memory_budget) -> None:
         'an int for a budget in bytes.')
   if isinstance(memory_budget, int) and memory_budget <= 0:
     raise ValueError(f'memory_budget={memory_budget} bytes must be positive.')
+  return memory_budget
 
 
 def resolve_budget(memory_budget, builtins, floor=None) -> int:

@@ -28,7 +28,7 @@ from typing import Any, Callable
 import numpy as np
 
 from remat_explorer.analysis.split.analyze import analyze
-from remat_explorer.analysis.tradeoffs.budget import (NothingCompiled, check_budget_type,
+from remat_explorer.analysis.tradeoffs.budget import (NothingCompiled, checked_budget,
                                                       resolve_budget)
 from remat_explorer.analysis.tradeoffs.calibration import (calibrated, flops_error, may_fit,
                                                            ranked_flops)
@@ -60,8 +60,10 @@ def search_policy(f, *args, memory_budget: int | float | str, argnums=0,
                   donate_argnums=(), **kwargs) -> SearchResult:
   """Find a policy whose compiled peak fits `memory_budget`, fewest FLOPs.
 
-  `memory_budget`: bytes (an int); a fraction between 0.0 and 1.0 of the
-  way from ``nothing_saveable``'s compiled peak to ``everything_saveable``'s;
+  `memory_budget`: bytes (an int, or a size with its unit, ``"14 GiB"`` or
+  ``"512 MiB"``, as budgets are printed; ``"GB"`` and ``"MB"`` are powers of
+  1000); a fraction between 0.0 and 1.0 of the way from
+  ``nothing_saveable``'s compiled peak to ``everything_saveable``'s;
   or a share of the device's memory as a percentage (``"90%"``), for a
   device whose memory is known (a GPU or TPU, live or a ``target_mesh``'s).
   For a sharded program the peak, the budget and the residual bytes that
@@ -107,7 +109,7 @@ def search_policy(f, *args, memory_budget: int | float | str, argnums=0,
   check_keywords(search_policy, f, kwargs, memory_budget=memory_budget, argnums=argnums,
                  has_aux=has_aux, lowering=lowering, progress=progress,
                  rank_by_estimate=rank_by_estimate, donate_argnums=donate_argnums)
-  check_budget_type(memory_budget)
+  memory_budget = checked_budget(memory_budget)
   donate = check_positions(donate_argnums, len(args), 'donate_argnums', allow_empty=True)
   if not isinstance(rank_by_estimate, bool):
     raise TypeError(f'rank_by_estimate must be True or False, got {rank_by_estimate!r}.')
