@@ -39,7 +39,8 @@ checks it); each subpackage's ``__init__`` lists its modules:
 Shared by every layer: ``units`` (figures in words, element sizes),
 ``cache`` (result caches, ``clear_caches``), ``context`` (trace settings
 and the compile count), ``full_collections`` (Python's full garbage
-collections held off while a batch of analyses runs), ``freed_memory``
+collections held off while a batch of analyses runs), ``progress`` (how
+far a comparison or a search is, where its user looks), ``freed_memory``
 (what reading a compiled program freed, given back to the system) and
 ``errors`` (exceptions as users read them).
 """

@@ -17,6 +17,7 @@ from remat_explorer.analysis.split.analyze import analyze
 from remat_explorer.analysis.xla.compiled import start_compile_costs
 from remat_explorer.analysis.xla.run_times import timed_costs
 from remat_explorer.analysis.full_collections import full_collections_held_off
+from remat_explorer.analysis.progress import check_progress, progress_shown
 from remat_explorer.analysis.program.keywords import check_keywords, entry_point
 from remat_explorer.analysis.tradeoffs.row_warnings import with_warnings
 from remat_explorer.analysis.tradeoffs.rows import (AS_WRITTEN, AS_WRITTEN_NO_REMAT,
@@ -86,7 +87,9 @@ def compare(f, *args, policies: Mapping[str, Any] | Sequence | None = None,
   thread traces the next steps, analyzes the policies and reads each
   compiled program as it lands; Python's full garbage collections are held
   off meanwhile (``full_collections.py``). `progress(done, total, label)`
-  is called as each row is done (`total`: the rows, fixed from the start),
+  is called as each row is done (`total`: the rows, fixed from the start;
+  without one, a line says it in a notebook or a terminal, ``progress.py``;
+  ``progress=False``, nowhere),
   and with `done` unchanged as a lowering compiled besides a row lands
   (`label` then ends ``· lowering cond``). Run times (`repeats`) are measured once
   every compile has finished, one row at a time, so that nothing else
@@ -119,8 +122,9 @@ def compare(f, *args, policies: Mapping[str, Any] | Sequence | None = None,
                  parallel=parallel, suggest_lowering=suggest_lowering,
                  donate_argnums=donate_argnums)
   donate = check_positions(donate_argnums, len(args), 'donate_argnums', allow_empty=True)
+  check_progress(progress)
   common = dict(lowering=lowering, argnums=argnums, has_aux=has_aux, **kwargs)
-  with full_collections_held_off():
+  with full_collections_held_off(), progress_shown('compare', progress) as progress:
     rows = _rows(f, args, common, policies, include_as_written, include_no_remat,
                  parallel, progress, repeats, suggest_lowering, donate)
   device = rows[0].costs

@@ -43,6 +43,7 @@ from remat_explorer.analysis.xla.costs import CompiledCosts
 from remat_explorer.analysis.split.estimate import CostEstimate, estimate_costs
 from remat_explorer.analysis.context import compiles_run
 from remat_explorer.analysis.full_collections import full_collections_held_off
+from remat_explorer.analysis.progress import check_progress, progress_shown
 from remat_explorer.analysis.program.keywords import check_keywords, entry_point
 from remat_explorer.analysis.program.problem import check_positions
 from remat_explorer.analysis.policies.policy_info import NO_REMAT
@@ -85,6 +86,11 @@ def search_policy(f, *args, memory_budget: int | float | str, argnums=0,
   whose estimated saving lies within the estimate's FLOPs error (measured
   on the built-ins compiled).
 
+  `progress(done, total, label)` is called as the search goes (`total`
+  None while it prices and verifies its choices); without one, a line says
+  it in a notebook or a terminal (``progress.py``); ``progress=False``,
+  nowhere.
+
   `donate_argnums`: positional arguments donated to every candidate's
   step, as ``compile_costs`` and ``estimate_costs`` take them; the budget
   is measured against peaks with the donations.
@@ -113,9 +119,11 @@ def search_policy(f, *args, memory_budget: int | float | str, argnums=0,
   donate = check_positions(donate_argnums, len(args), 'donate_argnums', allow_empty=True)
   if not isinstance(rank_by_estimate, bool):
     raise TypeError(f'rank_by_estimate must be True or False, got {rank_by_estimate!r}.')
-  run = _Runner(f, args, kwargs, argnums, has_aux, lowering, progress, donate)
-  with full_collections_held_off(), concurrent.futures.ThreadPoolExecutor(
-      max_workers=COMPILES_AT_ONCE) as run.pool:
+  check_progress(progress)
+  with full_collections_held_off(), progress_shown('search_policy', progress) as progress, \
+      concurrent.futures.ThreadPoolExecutor(max_workers=COMPILES_AT_ONCE) as pool:
+    run = _Runner(f, args, kwargs, argnums, has_aux, lowering, progress, donate)
+    run.pool = pool
     try:
       return _search(run, memory_budget, rank_by_estimate)
     except BaseException:
