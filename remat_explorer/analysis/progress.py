@@ -18,9 +18,6 @@ import contextlib
 import shutil
 import sys
 import time
-from typing import Callable
-
-Progress = Callable[..., None]
 
 SHOWN_AFTER_SECONDS = 2.0
 

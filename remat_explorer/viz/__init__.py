@@ -34,7 +34,8 @@ from remat_explorer.viz.diagram.split_graph import split_graph
 from remat_explorer.viz.html.html_report import report_html
 from remat_explorer.viz.html.tables import (comparison_table_html, jaxpr_html, peak_table_html,
                                             report_jaxprs_html, residual_table_html)
-from remat_explorer.viz.widget.explorer import Explorer, StaticView, explore
+from remat_explorer.viz.widget.explorer import Explorer, explore
+from remat_explorer.viz.html.snapshot import StaticView
 from remat_explorer.viz.text import format_bytes, format_flops, memory_share_text
 
 __all__ = [

@@ -72,6 +72,19 @@ def snapshot_html(report=None, costs=None, error: str | None = None, *, baseline
   return ''.join(parts)
 
 
+class StaticView:
+  """The Explorer's static snapshot of one report (and its compiled
+  `costs`, if given), as HTML: what shows where scripts and inline SVG do
+  not, such as an untrusted notebook, whose sanitizer keeps images and
+  tables."""
+
+  def __init__(self, report, costs=None):
+    self.report, self.costs = report, costs
+
+  def _repr_html_(self) -> str:
+    return snapshot_html(self.report, self.costs)
+
+
 def compiled_figures(report, costs, baseline) -> tuple:
   """(the flag when XLA merged the recompute away, or None; the memory
   timeline's view, no remat's beside it) of compiled `costs`: what the

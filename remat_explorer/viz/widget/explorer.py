@@ -87,24 +87,6 @@ def _layouts(f) -> dict | None:
   return dict(f)
 
 
-def static_html(report, block=None, expand=(), costs=None) -> str:
-  """The Explorer's static snapshot of `report` (``snapshot_html``): what
-  shows where scripts and inline SVG do not, such as an untrusted
-  notebook, whose sanitizer keeps images and tables."""
-  return snapshot_html(report, costs, block=block, expand=expand)
-
-
-class StaticView:
-  """The Explorer's static snapshot of one report (and its compiled
-  `costs`, if given), as HTML."""
-
-  def __init__(self, report, costs=None):
-    self.report, self.costs = report, costs
-
-  def _repr_html_(self) -> str:
-    return static_html(self.report, costs=self.costs)
-
-
 class Explorer:
   """Controls: policy (the program as written first, and selected), names,
   lowering, block (a block picked gets the policy picked for it alone), a
@@ -136,9 +118,8 @@ class Explorer:
     require_lab('The Explorer')
     import ipywidgets as w
     self._function = None if self.layouts else f
-    # Every analysis, compile and search of the views gets the function's
-    # own keywords and `has_aux` through these; every compile, estimate,
-    # comparison and search, the donated arguments too.
+    # Every view's analysis gets the function's own keywords and `has_aux`;
+    # its compiles, estimates, comparisons and searches, the donations too.
     self.args, self.kwargs, self.argnums = args, dict(kwargs, has_aux=has_aux), argnums
     self.step_kwargs = dict(self.kwargs, donate_argnums=donate)
     # Layouts of one computation (functions of the same arguments): the
