@@ -60,7 +60,7 @@ def builtin_policies(names_in_program: Sequence[str] = ()) -> dict[str, Any]:
 def compare(f, *args, policies: Mapping[str, Any] | Sequence | None = None,
             lowering: str | None = None, argnums=0, has_aux: bool = False,
             repeats: int = 0, include_no_remat: bool = True,
-            include_as_written: bool = True, progress: Progress | None = None,
+            include_as_written: bool = True, progress: Progress | bool | None = None,
             parallel: int | None = None, suggest_lowering: bool = True,
             donate_argnums=(), **kwargs) -> Comparison:
   """Analyze and compile `f`'s training step (``compile_costs``) under each

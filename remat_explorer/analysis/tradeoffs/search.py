@@ -57,7 +57,7 @@ Progress = Callable[[int, 'int | None', str], None]
 @entry_point
 def search_policy(f, *args, memory_budget: int | float | str, argnums=0,
                   has_aux: bool = False, lowering: str | None = None,
-                  progress: Progress | None = None, rank_by_estimate: bool = False,
+                  progress: Progress | bool | None = None, rank_by_estimate: bool = False,
                   donate_argnums=(), **kwargs) -> SearchResult:
   """Find a policy whose compiled peak fits `memory_budget`, fewest FLOPs.
 
