@@ -36,6 +36,14 @@ def step_by_hand(loss, *args, argnums=0):
   return compile_by_hand(jax.jit(jax.value_and_grad(loss, argnums=argnums)), *args)
 
 
+def allocated_bytes(memory) -> int:
+  """What a compiled program allocates, by its ``memory_analysis()``: its
+  arguments, outputs and temporaries, less what its outputs write over
+  donated arguments (on the CPU, the peak the explorer reports)."""
+  return (memory.argument_size_in_bytes + memory.output_size_in_bytes
+          + memory.temp_size_in_bytes - memory.alias_size_in_bytes)
+
+
 @contextlib.contextmanager
 def xla_compiles():
   """A list that gathers one entry per XLA compile run while the block

@@ -16,6 +16,7 @@ from remat_explorer.analysis import (NO_REMAT, analyze, builtin_policies, compar
 from remat_explorer.analysis.tradeoffs.search import search_policy
 from remat_explorer.viz.charts.timeline_view import forward_backward_boundary
 from remat_explorer.viz.text import format_bytes
+from tests.by_hand import allocated_bytes
 
 cp = rx.checkpoint_policies
 
@@ -206,9 +207,7 @@ def test_the_pareto_front_leaves_out_a_program_known_to_be_dominated():
   for label, program in programs.items():
     compiled = jax.jit(jax.value_and_grad(program)).lower(ws, x).compile()
     memory = compiled.memory_analysis()
-    by_hand[label] = (memory.argument_size_in_bytes + memory.output_size_in_bytes
-                      + memory.temp_size_in_bytes - memory.alias_size_in_bytes,
-                      compiled.cost_analysis()['flops'])
+    by_hand[label] = (allocated_bytes(memory), compiled.cost_analysis()['flops'])
   (plain_bytes, plain_flops), (ck_bytes, ck_flops), (waste_bytes, waste_flops) = (
       by_hand[k] for k in programs)
   assert ck_bytes < plain_bytes < waste_bytes and plain_flops < min(ck_flops, waste_flops)
@@ -499,8 +498,7 @@ def test_no_remat_as_source_keeps_the_checkpoint_with_a_policy_that_fits():
   costs = compile_costs(pasted, *args)
   assert costs.peak_bytes == kept.peak_bytes <= result.budget_bytes
   memory = jax.jit(jax.value_and_grad(pasted)).lower(*args).compile().memory_analysis()
-  assert costs.total_bytes == (memory.argument_size_in_bytes + memory.output_size_in_bytes
-                               + memory.temp_size_in_bytes - memory.alias_size_in_bytes)
+  assert costs.total_bytes == allocated_bytes(memory)
   fitting = [r for r in comparison.rows if r.label in builtin_policies()
              and r.peak_bytes <= result.budget_bytes]
   assert kept.flops == min(r.ranked_flops for r in fitting)

@@ -10,7 +10,8 @@ import pytest
 
 import remat_explorer as rx
 from remat_explorer import analysis, examples
-from tests.by_hand import compile_by_hand, xla_compiles
+from tests.by_hand import allocated_bytes, compile_by_hand, xla_compiles
+from tests.explorer_views import costs_row
 
 SIZES = dict(num_layers=3, width=32, batch=8, seed=5)
 POLICIES = ('nothing_saveable', 'dots_saveable')
@@ -23,13 +24,6 @@ def _by_hand(policy_name=None, remat=True):
   loss, args = examples.mlp(policy=policy, remat=remat, **SIZES)
   step = jax.jit(jax.value_and_grad(loss), donate_argnums=0)
   return compile_by_hand(step, *args).memory_analysis()
-
-
-def _peak(memory):
-  """A CPU step's peak: what its arguments, outputs and temporaries hold,
-  less what the outputs write over donated arguments."""
-  return (memory.argument_size_in_bytes + memory.output_size_in_bytes
-          + memory.temp_size_in_bytes - memory.alias_size_in_bytes)
 
 
 def _figures(costs):
@@ -48,7 +42,7 @@ def test_every_row_of_a_comparison_is_the_step_with_its_donations():
   for name in POLICIES:
     hand = _by_hand(name)
     row = donated.row(name)
-    assert _figures(row.costs) == (_peak(hand), hand.temp_size_in_bytes,
+    assert _figures(row.costs) == (allocated_bytes(hand), hand.temp_size_in_bytes,
                                    hand.alias_size_in_bytes), name
     # The gradients are written over the parameters: the donation is seen.
     assert row.costs.alias_bytes == _param_bytes(args)
@@ -57,7 +51,7 @@ def test_every_row_of_a_comparison_is_the_step_with_its_donations():
     # what remat saves.
     assert row.report == kept.row(name).report
   no_remat = _by_hand(remat=False)
-  assert donated.row('no remat').costs.peak_bytes == _peak(no_remat)
+  assert donated.row('no remat').costs.peak_bytes == allocated_bytes(no_remat)
 
 
 @pytest.mark.parametrize('rank_by_estimate', [False, True], ids=['compiled', 'by estimate'])
@@ -75,24 +69,18 @@ def test_a_search_measures_its_budget_and_its_answer_with_the_donations(rank_by_
   assert result.fits and result.peak_bytes <= result.budget_bytes
 
 
-def _costs_row(e, row):
-  found = re.search(rf'<td>{row}</td><td>([\d,]+) ', e.costs_view.value)
-  assert found, e.costs_view.value
-  return int(found.group(1).replace(',', ''))
-
-
 def test_the_explorer_compiles_estimates_and_compares_with_the_donations():
   loss, args = examples.mlp(**SIZES)
   e = rx.explore(loss, *args, donate_argnums=0)
   e.wait(300)
   assert e.error.value == ''
   hand = _by_hand()  # the program as written, the view it opens on
-  assert _costs_row(e, 'peak bytes') == _peak(hand)
-  assert _costs_row(e, 'temp bytes') == hand.temp_size_in_bytes
-  assert _costs_row(e, 'no-remat peak bytes') == _peak(_by_hand(remat=False))
+  assert costs_row(e, 'peak bytes') == allocated_bytes(hand)
+  assert costs_row(e, 'temp bytes') == hand.temp_size_in_bytes
+  assert costs_row(e, 'no-remat peak bytes') == allocated_bytes(_by_hand(remat=False))
   e.policy.value = 'dots_saveable'
   e.wait(300)
-  assert _costs_row(e, 'peak bytes') == _peak(_by_hand('dots_saveable'))
+  assert costs_row(e, 'peak bytes') == allocated_bytes(_by_hand('dots_saveable'))
   e.compare_button.click()
   e.wait(300)
   assert {r.costs.alias_bytes for r in e.comparison.rows if not r.failed} == {

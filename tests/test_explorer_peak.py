@@ -18,6 +18,7 @@ from remat_explorer.engine.policies import checkpoint_policies as cp
 from remat_explorer.viz.widget import _panels, _search
 from remat_explorer.viz.text import format_bytes, html_text
 from tests.by_hand import xla_compiles
+from tests.explorer_views import costs_row
 from tests.framework_models import nnx_transformer
 
 # One worker runs the module: its tests share the compiles they cache
@@ -51,13 +52,6 @@ def test_the_explorer_opens_on_the_program_as_written(problem):
   assert plain.error.value == ''
 
 
-def _costs_row(e, row: str) -> int:
-  """The bytes the Costs tab shows in `row` (``temp bytes``, ...)."""
-  found = re.search(rf'<td>{row}</td><td>([\d,]+) ', e.costs_view.value)
-  assert found, e.costs_view.value
-  return int(found.group(1).replace(',', ''))
-
-
 def test_a_loss_with_aux_is_explored_with_has_aux_as_value_and_grad_takes_it():
   """A loss that returns (loss, aux), as one returning its metrics does:
   without has_aux the Explorer opens on the error that says to pass it,
@@ -80,8 +74,8 @@ def test_a_loss_with_aux_is_explored_with_has_aux_as_value_and_grad_takes_it():
   assert e.current_report() == analyze(loss, w, x, has_aux=True)
   by_hand = jax.jit(jax.value_and_grad(loss, has_aux=True)).lower(w, x).compile()
   memory = by_hand.memory_analysis()
-  assert _costs_row(e, 'temp bytes') == memory.temp_size_in_bytes
-  assert _costs_row(e, 'output bytes') == memory.output_size_in_bytes
+  assert costs_row(e, 'temp bytes') == memory.temp_size_in_bytes
+  assert costs_row(e, 'output bytes') == memory.output_size_in_bytes
   with pytest.raises(TypeError, match='has_aux must be True or False, got 1'):
     rx.explore(loss, w, x, has_aux=1)
 

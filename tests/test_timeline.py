@@ -13,6 +13,7 @@ from jax.ad_checkpoint import print_saved_residuals
 from remat_explorer.analysis.xla.hlo import parse_hlo
 from remat_explorer.analysis.xla.reader import read_compiled
 from remat_explorer.analysis.xla.timeline import MemoryTimeline, memory_timeline, timeline_of
+from tests.by_hand import allocated_bytes
 
 
 def memory_timeline_from_hlo_text(text):
@@ -67,8 +68,7 @@ def test_peak_is_xlas_allocation(compiled_grads, name):
   compiled = compiled_grads[name]
   stats = compiled.memory_analysis()
   timeline = memory_timeline(read_compiled(compiled))
-  allocated = (stats.argument_size_in_bytes + stats.output_size_in_bytes
-               + stats.temp_size_in_bytes - stats.alias_size_in_bytes)
+  allocated = allocated_bytes(stats)
   # The placed curve follows XLA's buffer assignment: its peak is what XLA
   # allocates, and no set of buffers live at once exceeds it.
   assert timeline.placed_bytes is not None
@@ -282,10 +282,7 @@ def test_donated_parameters_hand_their_storage_to_outputs():
   # that XLA makes for the second output are live at once...
   assert max(timeline.live_bytes) == 3 * x.nbytes
   # ...within what XLA allocates (the outputs' tuple index table besides).
-  assert timeline.peak_bytes == (stats.argument_size_in_bytes
-                                 + stats.output_size_in_bytes
-                                 + stats.temp_size_in_bytes
-                                 - stats.alias_size_in_bytes)
+  assert timeline.peak_bytes == allocated_bytes(stats)
   assert timeline.peak_bytes - 3 * x.nbytes < 64
 
 
@@ -298,8 +295,7 @@ def test_scan_transformer_peak_is_xlas_allocation(policy):
   compiled = jax.jit(jax.value_and_grad(loss_fn)).lower(*args).compile()
   stats = compiled.memory_analysis()
   timeline = memory_timeline(read_compiled(compiled))
-  assert timeline.peak_bytes == (stats.argument_size_in_bytes + stats.output_size_in_bytes
-                                 + stats.temp_size_in_bytes - stats.alias_size_in_bytes)
+  assert timeline.peak_bytes == allocated_bytes(stats)
   assert max(timeline.live_bytes) <= timeline.peak_bytes
   # The scan's stacked residuals are held at the peak, which falls in the
   # backward loop.

@@ -76,7 +76,7 @@ from remat_explorer.analysis.context import TraceSettings
 from remat_explorer.analysis.program.devices import mesh_text
 from remat_explorer.analysis.source.origins import full_path
 from remat_explorer.analysis.program.keywords import check_keywords
-from remat_explorer.analysis.program.problem import check_positions
+from remat_explorer.analysis.program.problem import check_positions, donated_positions
 from remat_explorer.analysis.split.graph import GraphBlock, GraphNode, SplitGraph, split_graph_of
 from remat_explorer.analysis.tradeoffs.rows import AS_WRITTEN, AS_WRITTEN_NO_REMAT
 from remat_explorer.analysis.tradeoffs.merged_recompute import recompute_eliminated
@@ -94,7 +94,8 @@ __all__ = [
     'error_summary', 'target_mesh', 'on_target', 'register_gpu_target', 'gpu_target_config',
     'gpu_target_names', 'device_memory_bytes',
     # for the rendering layer
-    'TraceSettings', 'mesh_text', 'full_path', 'check_keywords', 'check_positions', 'GraphBlock', 'GraphNode', 'SplitGraph',
+    'TraceSettings', 'mesh_text', 'full_path', 'check_keywords', 'check_positions',
+    'donated_positions', 'GraphBlock', 'GraphNode', 'SplitGraph',
     'split_graph_of', 'AS_WRITTEN', 'AS_WRITTEN_NO_REMAT', 'recompute_eliminated', 'MISSING',
     'byte_unit', 'flop_unit', 'format_bytes', 'format_flops', 'format_seconds',
     'memory_share_text',

@@ -269,6 +269,12 @@ def check_positions(positions, num_args, name: str,
   return tuple(sorted({i % num_args for i in positions}))
 
 
+def donated_positions(donate_argnums, args) -> tuple[int, ...]:
+  """``donate_argnums`` as ``jax.jit`` takes it (none is fine), checked
+  against the positional `args` and made non-negative."""
+  return check_positions(donate_argnums, len(args), 'donate_argnums', allow_empty=True)
+
+
 def refuse_if_it_differentiates(closed: core.ClosedJaxpr, name: str) -> None:
   """A training step already runs a backward pass; analysing it would
   differentiate it again (second-order residuals). Say which loss to pass."""

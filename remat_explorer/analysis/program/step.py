@@ -11,7 +11,7 @@ import numpy as np
 
 from remat_explorer.analysis.cache import ResultCache
 from remat_explorer.analysis.program.blocks import built_policy_choice, policy_label
-from remat_explorer.analysis.program.problem import Problem, check_positions
+from remat_explorer.analysis.program.problem import Problem, donated_positions
 
 
 def gradient_function(run_program, problem):
@@ -74,8 +74,7 @@ class StepRequest:
     policy = built_policy_choice(policy)
     problem = Problem.make(f, args, kwargs, argnums, has_aux=has_aux,
                            whole_function=whole_function, caller=caller)
-    donate = check_positions(donate_argnums, len(args), 'donate_argnums',
-                             allow_empty=True)
+    donate = donated_positions(donate_argnums, args)
     return cls(problem, policy, donate, problem.traced_positions(donate))
 
 

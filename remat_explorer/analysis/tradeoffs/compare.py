@@ -27,7 +27,7 @@ from remat_explorer.analysis.tradeoffs.rows import (AS_WRITTEN, AS_WRITTEN_NO_RE
 from remat_explorer.analysis.policies.policy_info import NO_REMAT, describe_policy
 from remat_explorer.analysis.policies.policy_text import parse_policy
 from remat_explorer.analysis.program.blocks import DEFAULT_LOWERING
-from remat_explorer.analysis.program.problem import check_positions
+from remat_explorer.analysis.program.problem import donated_positions
 from remat_explorer.analysis.tradeoffs.merged_recompute import recompute_eliminated
 from remat_explorer.engine import checkpoint_policies
 
@@ -121,7 +121,7 @@ def compare(f, *args, policies: Mapping[str, Any] | Sequence | None = None,
                  include_as_written=include_as_written, progress=progress,
                  parallel=parallel, suggest_lowering=suggest_lowering,
                  donate_argnums=donate_argnums)
-  donate = check_positions(donate_argnums, len(args), 'donate_argnums', allow_empty=True)
+  donate = donated_positions(donate_argnums, args)
   check_progress(progress)
   common = dict(lowering=lowering, argnums=argnums, has_aux=has_aux, **kwargs)
   with full_collections_held_off(), progress_shown('compare', progress) as progress:

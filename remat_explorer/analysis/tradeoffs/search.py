@@ -45,7 +45,7 @@ from remat_explorer.analysis.context import compiles_run
 from remat_explorer.analysis.full_collections import full_collections_held_off
 from remat_explorer.analysis.progress import check_progress, progress_shown
 from remat_explorer.analysis.program.keywords import check_keywords, entry_point
-from remat_explorer.analysis.program.problem import check_positions
+from remat_explorer.analysis.program.problem import donated_positions
 from remat_explorer.analysis.policies.policy_info import NO_REMAT
 from remat_explorer.analysis.split.report import RematReport
 
@@ -116,7 +116,7 @@ def search_policy(f, *args, memory_budget: int | float | str, argnums=0,
                  has_aux=has_aux, lowering=lowering, progress=progress,
                  rank_by_estimate=rank_by_estimate, donate_argnums=donate_argnums)
   memory_budget = checked_budget(memory_budget)
-  donate = check_positions(donate_argnums, len(args), 'donate_argnums', allow_empty=True)
+  donate = donated_positions(donate_argnums, args)
   if not isinstance(rank_by_estimate, bool):
     raise TypeError(f'rank_by_estimate must be True or False, got {rank_by_estimate!r}.')
   check_progress(progress)

@@ -17,7 +17,7 @@ import jax
 
 from remat_explorer.analysis import (DEFAULT_LOWERING, LOWERINGS, NO_REMAT, analyze,
                                      compile_costs, estimate_costs, TraceSettings,
-                                     check_keywords, check_positions)
+                                     check_keywords, check_positions, donated_positions)
 from remat_explorer.viz.widget import _panels
 from remat_explorer.viz.widget._comparison import ComparisonTab
 from remat_explorer.viz.widget._panels import (STALE, TABS, caption_html, error_text,
@@ -114,7 +114,7 @@ class Explorer:
     check_keywords(Explorer, f, kwargs, argnums=argnums, has_aux=has_aux,
                    donate_argnums=donate_argnums)
     check_positions(argnums, len(args), 'argnums')
-    donate = check_positions(donate_argnums, len(args), 'donate_argnums', allow_empty=True)
+    donate = donated_positions(donate_argnums, args)
     require_lab('The Explorer')
     import ipywidgets as w
     self._function = None if self.layouts else f
