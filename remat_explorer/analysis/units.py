@@ -34,6 +34,21 @@ def format_bytes(n: float | None) -> str:
   return _humanise(n, 1024, _BYTE_UNITS)
 
 
+# What ``format_bytes`` prints, read back: a unit with an i is a power of
+# 1024; without one (``GB``, ``kB``), of 1000, as device makers write sizes.
+_BYTES_IN = {'B': 1, 'kB': 1000, **{
+    unit.replace('i', '') if decimal else unit: (1000 if decimal else 1024) ** power
+    for power, unit in enumerate(_BYTE_UNITS) if power for decimal in (False, True)}}
+_SIZE = re.compile(r'\s*(\d+(?:\.\d*)?|\.\d+)\s*(' + '|'.join(_BYTES_IN) + r')\s*')
+
+
+def parse_bytes(text: str) -> int | None:
+  """``'1.5 KiB' -> 1536``, ``'2 GB' -> 2000000000``: a size with its unit
+  as bytes, None where `text` is not one."""
+  size = _SIZE.fullmatch(text)
+  return None if size is None else int(float(size.group(1)) * _BYTES_IN[size.group(2)])
+
+
 def format_flops(n: float | None) -> str:
   """``1500 -> '1.5 kFLOP'``, powers of 1000; ``None -> '—'``."""
   return _humanise(n, 1000, _FLOP_UNITS)

@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import re
 
+from remat_explorer.analysis.units import parse_bytes
+
 _SHARE = re.compile(r'\s*(\d+(?:\.\d*)?)\s*%\s*')
-_SIZE = re.compile(r'\s*(\d+(?:\.\d*)?|\.\d+)\s*([KMGT]i?B|kB|B)\s*')
-# A unit with an i is a power of 1024, as ``format_bytes`` prints budgets;
-# without one, of 1000, as device makers write memory sizes.
-_UNITS = {'B': 1, **{f'{p}{i}B': (1024 if i else 1000) ** (n + 1)
-                     for n, p in enumerate('KMGT') for i in ('', 'i')}, 'kB': 1000}
 
 
 def device_share(memory_budget: str) -> float:
@@ -29,9 +26,9 @@ def checked_budget(memory_budget) -> int | float | str:
   """`memory_budget` checked, before anything is compiled: a size with its
   unit (``"14 GiB"``) made bytes, anything else as given."""
   if isinstance(memory_budget, str):
-    size = _SIZE.fullmatch(memory_budget)
+    size = parse_bytes(memory_budget)
     if size is not None:
-      memory_budget = int(float(size.group(1)) * _UNITS[size.group(2)])
+      memory_budget = size
     elif not memory_budget.strip().endswith('%'):
       raise ValueError(
           f'memory_budget={memory_budget!r} is neither a size with its unit, such as '
